@@ -1,0 +1,46 @@
+"""jaxrunner: RLlib's EnvRunner API with the env-step loop compiled by JAX.
+
+Quickstart::
+
+    import jaxrunner
+
+    config = (jaxrunner.RunnerConfig()
+              .environment("CartPole-v1")
+              .env_runners(num_envs_per_env_runner=256)
+              .debugging(seed=0))
+    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    batch = runner.sample(num_timesteps=10_000)
+    print(runner.get_metrics()["episode_return_mean"])
+"""
+
+from jaxrunner.config import RunnerConfig as RunnerConfig
+from jaxrunner.envs.context import EnvContext as EnvContext
+from jaxrunner.envs.registry import register_env as register_env
+from jaxrunner.episodes.batch import EpisodeBatch as EpisodeBatch
+from jaxrunner.episodes.single_agent_episode import SingleAgentEpisode as SingleAgentEpisode
+from jaxrunner.errors import SampleArgumentError as SampleArgumentError
+from jaxrunner.errors import StateStructureError as StateStructureError
+from jaxrunner.errors import StepFailedRecreateEnvError as StepFailedRecreateEnvError
+from jaxrunner.modules.rl_module import DefaultMLPModule as DefaultMLPModule
+from jaxrunner.modules.rl_module import RLModule as RLModule
+from jaxrunner.modules.rl_module import RLModuleSpec as RLModuleSpec
+from jaxrunner.runners.env_runner import EnvRunner as EnvRunner
+from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner as SingleAgentEnvRunner
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DefaultMLPModule",
+    "EnvContext",
+    "EnvRunner",
+    "EpisodeBatch",
+    "RLModule",
+    "RLModuleSpec",
+    "RunnerConfig",
+    "SampleArgumentError",
+    "SingleAgentEnvRunner",
+    "SingleAgentEpisode",
+    "StateStructureError",
+    "StepFailedRecreateEnvError",
+    "register_env",
+]

@@ -1,0 +1,89 @@
+"""Device-resident rollout state: the scan carry, metric registers and lookback buffers.
+
+Shapes use `B` = number of sub-envs, `W` = metrics window, `L` = lookback horizon.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class MetricRegisters:
+    """Fixed-size on-device record of finished episodes (a ring of the last `W`)."""
+
+    window_return: jax.Array  # (W,) float32: return of each finished episode in the ring
+    window_len: jax.Array  # (W,) int32: length of each finished episode in the ring
+    window_end_step: jax.Array  # (W,) uint32: global vector step the episode ended at (mod 2**32)
+    window_next: jax.Array  # () int32: ring slot the next episode is written to
+    window_size: jax.Array  # () int32: number of filled slots (<= W)
+    episodes: jax.Array  # () uint32: episodes finished so far (mod 2**32; the host takes deltas)
+
+    @classmethod
+    def create(cls, window: int) -> "MetricRegisters":
+        return cls(
+            window_return=jnp.zeros((window,), jnp.float32),
+            window_len=jnp.zeros((window,), jnp.int32),
+            window_end_step=jnp.zeros((window,), jnp.uint32),
+            window_next=jnp.zeros((), jnp.int32),
+            window_size=jnp.zeros((), jnp.int32),
+            episodes=jnp.zeros((), jnp.uint32),
+        )
+
+
+@struct.dataclass
+class RolloutCarry:
+    """Everything the rollout carries from one vector step (and one call) to the next."""
+
+    env_state: Any  # pytree, leaves (B, ...)
+    obs: Any  # (B, *obs_shape): the observation the next action is taken on
+    key: jax.Array  # () typed PRNG key
+    episode_count: jax.Array  # (B,) int32: index of the current episode on each sub-env
+    episode_len: jax.Array  # (B,) int32: steps taken in the current episode (all calls)
+    episode_return: jax.Array  # (B,) float32: return of the current episode so far
+    vector_step: jax.Array  # () uint32: vector steps taken by this runner (mod 2**32)
+    metrics: MetricRegisters
+
+
+@struct.dataclass
+class Trajectory:
+    """One compiled chunk of `T` vector steps, time-major.
+
+    Steps with `valid[t] == False` were not taken (the chunk stopped early) and hold zeros.
+    """
+
+    obs: Any  # (T, B, *obs_shape): observation each action was taken on
+    actions: jax.Array  # (T, B, *act_shape): action the module chose (before clipping)
+    rewards: jax.Array  # (T, B) float32
+    terminated: jax.Array  # (T, B) bool
+    truncated: jax.Array  # (T, B) bool
+    final_obs: Any  # (T, B, *obs_shape): next observation before any auto-reset
+    extra_model_outputs: dict  # name -> (T, B, ...): "action_logp", "action_dist_inputs"
+    episode_return: jax.Array  # (T, B) float32: return of the episode up to and incl. step t
+    episode_len: jax.Array  # (T, B) int32: length of the episode up to and incl. step t
+    valid: jax.Array  # (T,) bool
+
+
+@struct.dataclass
+class Lookback:
+    """The last `L` taken steps of every sub-env (for cut episodes' lookback)."""
+
+    obs: Any  # (L, B, *obs_shape)
+    actions: jax.Array  # (L, B, *act_shape)
+    rewards: jax.Array  # (L, B) float32
+    extra_model_outputs: dict  # name -> (L, B, ...)
+
+
+@struct.dataclass
+class ChunkInfo:
+    """Per-chunk scalars and start-of-chunk counters the host reads."""
+
+    num_steps: jax.Array  # () int32: vector steps taken in this chunk
+    num_episodes: jax.Array  # () int32: episodes finished and counted in this chunk
+    episode_env_steps: jax.Array  # () int32: summed length of those episodes (all chunks)
+    start_episode_count: jax.Array  # (B,) int32
+    start_episode_len: jax.Array  # (B,) int32

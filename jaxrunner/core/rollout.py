@@ -1,0 +1,236 @@
+"""The compiled rollout: `lax.scan` over time of a `vmap` over sub-envs.
+
+Everything here is pure JAX: no Ray, no host I/O, no Python randomness. The runner jits
+`chunk` once per policy mode and calls it with traced step and episode limits, so any
+`sample()` size reuses the same compiled program.
+
+One chunk runs `T = chunk_len` vector steps. A step whose index is past `num_steps`, or
+that comes after `episodes_limit` episodes finished, is skipped with a scalar `lax.cond`
+(no env or module work) and marked invalid in `Trajectory.valid`. Finished episodes'
+returns and lengths go into the metric ring after the scan, from the done flags, so the
+scan body stays lean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, NamedTuple
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrunner.core.carry import ChunkInfo, Lookback, MetricRegisters, RolloutCarry, Trajectory
+
+POLICY_MODES = ("explore", "inference", "random")
+NO_EPISODE_LIMIT = np.int32(2**31 - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSpec:
+    """Static description of a rollout (everything that keys the compile cache)."""
+
+    env: Any  # gymnax-style env object
+    module: Any  # jaxrunner RLModule
+    gymnax_action_space: Any  # the env's own (gymnax) action space, for random actions
+    action_space: gym.spaces.Space  # gymnasium action space
+    num_envs: int
+    chunk_len: int
+    lookback_len: int
+    metrics_window: int
+    actions_for_env: Callable[[jax.Array], jax.Array]
+
+
+class RolloutFns(NamedTuple):
+    """The pure functions of a rollout (see `make_rollout_fns`)."""
+
+    init_carry: Callable[..., RolloutCarry]
+    reset_carry: Callable[..., RolloutCarry]
+    init_lookback: Callable[..., Lookback]
+    chunk: Callable[..., tuple[RolloutCarry, Lookback, Trajectory, ChunkInfo]]
+
+
+def _uniform_logp(action_space: gym.spaces.Space, batch: int) -> jax.Array:
+    if isinstance(action_space, gym.spaces.Discrete):
+        value = -math.log(action_space.n)
+    else:
+        width = np.asarray(action_space.high, np.float64) - np.asarray(action_space.low,
+                                                                         np.float64)
+        value = -float(np.sum(np.log(width))) if np.all(np.isfinite(width)) else 0.0
+    return jnp.full((batch,), value, jnp.float32)
+
+
+def _roll_lookback(old: jax.Array, new: jax.Array, num_new: jax.Array) -> jax.Array:
+    """Last `L` rows of `old` (L, ...) followed by the first `num_new` rows of `new`."""
+    length = old.shape[0]
+    if length == 0:
+        return old
+    joined = jnp.concatenate([old, new], axis=0)
+    return jax.lax.dynamic_slice_in_dim(joined, num_new, length, axis=0)
+
+
+def _update_registers(registers: MetricRegisters, traj: Trajectory, start_step: jax.Array,
+                      episodes_limit: jax.Array
+                      ) -> tuple[MetricRegisters, jax.Array, jax.Array]:
+    """Writes the episodes finished in `traj` (in (t, b) order, at most
+    `episodes_limit`) into the ring; returns the new registers, the number of episodes
+    written and their summed lengths."""
+    chunk_len, num_envs = traj.rewards.shape
+    window = registers.window_return.shape[0]
+    done = (traj.terminated | traj.truncated) & traj.valid[:, None]
+    flat_done = done.reshape(-1)
+    rank = jnp.cumsum(flat_done.astype(jnp.int32)) - flat_done.astype(jnp.int32)
+    counted = flat_done & (rank < episodes_limit)
+    num_new = jnp.sum(counted.astype(jnp.int32))
+    keep = counted & (rank >= num_new - window)
+    slot = jnp.where(keep, (registers.window_next + rank) % window, window)
+    end_step = start_step + jnp.arange(1, chunk_len + 1, dtype=jnp.uint32)
+    end_step = jnp.broadcast_to(end_step[:, None], (chunk_len, num_envs)).reshape(-1)
+    new = registers.replace(
+        window_return=registers.window_return.at[slot].set(
+            traj.episode_return.reshape(-1), mode="drop"),
+        window_len=registers.window_len.at[slot].set(traj.episode_len.reshape(-1), mode="drop"),
+        window_end_step=registers.window_end_step.at[slot].set(end_step, mode="drop"),
+        window_next=(registers.window_next + num_new) % window,
+        window_size=jnp.minimum(registers.window_size + num_new, window),
+        episodes=registers.episodes + num_new.astype(jnp.uint32),
+    )
+    counted_len = jnp.sum(jnp.where(counted, traj.episode_len.reshape(-1), 0))
+    return new, num_new, counted_len
+
+
+def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
+    """Builds the pure rollout functions for one policy `mode` ("explore", "inference" or
+    "random")."""
+    if mode not in POLICY_MODES:
+        raise ValueError(f"mode must be one of {POLICY_MODES}, got {mode!r}.")
+    env, module = spec.env, spec.module
+    num_envs = spec.num_envs
+    dist_cls = module.action_dist_cls
+    dist_dim = dist_cls.required_input_dim(spec.action_space)
+    vmapped_reset = jax.vmap(env.reset, in_axes=(0, None))
+    vmapped_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    vmapped_sample = jax.vmap(spec.gymnax_action_space.sample)
+
+    def init_carry(key: jax.Array, env_params: Any) -> RolloutCarry:
+        key, reset_key = jax.random.split(key)
+        obs, env_state = vmapped_reset(jax.random.split(reset_key, num_envs), env_params)
+        return RolloutCarry(
+            env_state=env_state,
+            obs=obs,
+            key=key,
+            episode_count=jnp.zeros((num_envs,), jnp.int32),
+            episode_len=jnp.zeros((num_envs,), jnp.int32),
+            episode_return=jnp.zeros((num_envs,), jnp.float32),
+            vector_step=jnp.zeros((), jnp.uint32),
+            metrics=MetricRegisters.create(spec.metrics_window),
+        )
+
+    def reset_carry(carry: RolloutCarry, env_params: Any) -> RolloutCarry:
+        """Restarts every sub-env; episodes in progress are abandoned (new ids)."""
+        key, reset_key = jax.random.split(carry.key)
+        obs, env_state = vmapped_reset(jax.random.split(reset_key, num_envs), env_params)
+        return carry.replace(
+            env_state=env_state, obs=obs, key=key,
+            episode_count=carry.episode_count + 1,
+            episode_len=jnp.zeros_like(carry.episode_len),
+            episode_return=jnp.zeros_like(carry.episode_return),
+        )
+
+    def act(params: Any, obs: Any, key: jax.Array) -> tuple[jax.Array, dict]:
+        if mode == "random":
+            actions = vmapped_sample(jax.random.split(key, num_envs))
+            extras = {
+                "action_logp": _uniform_logp(spec.action_space, num_envs),
+                "action_dist_inputs": jnp.zeros((num_envs, dist_dim), jnp.float32),
+            }
+            return actions, extras
+        if mode == "explore":
+            out = module.forward_exploration(params, {"obs": obs})
+        else:
+            out = module.forward_inference(params, {"obs": obs})
+        dist_inputs = out["action_dist_inputs"]
+        dist = dist_cls.from_inputs(dist_inputs)
+        actions = dist.sample(key) if mode == "explore" else dist.deterministic_sample()
+        return actions, {"action_logp": dist.logp(actions),
+                         "action_dist_inputs": dist_inputs.astype(jnp.float32)}
+
+    def vector_step(carry: RolloutCarry, params: Any, env_params: Any
+                    ) -> tuple[RolloutCarry, Trajectory]:
+        key, act_key, step_key = jax.random.split(carry.key, 3)
+        actions, extras = act(params, carry.obs, act_key)
+        next_obs, env_state, reward, terminated, truncated, info = vmapped_step(
+            jax.random.split(step_key, num_envs), carry.env_state,
+            spec.actions_for_env(actions), env_params)
+        reward = jnp.asarray(reward, jnp.float32)
+        terminated = jnp.asarray(terminated, jnp.bool_)
+        truncated = jnp.asarray(truncated, jnp.bool_)
+        done = terminated | truncated
+        episode_len = carry.episode_len + 1
+        episode_return = carry.episode_return + reward
+        new_carry = carry.replace(
+            env_state=env_state,
+            obs=next_obs,
+            key=key,
+            episode_count=carry.episode_count + done.astype(jnp.int32),
+            episode_len=jnp.where(done, 0, episode_len),
+            episode_return=jnp.where(done, 0.0, episode_return),
+            vector_step=carry.vector_step + jnp.uint32(1),
+        )
+        record = Trajectory(
+            obs=carry.obs, actions=actions, rewards=reward, terminated=terminated,
+            truncated=truncated, final_obs=info.get("final_observation", next_obs),
+            extra_model_outputs=extras, episode_return=episode_return,
+            episode_len=episode_len, valid=jnp.ones((), jnp.bool_))
+        return new_carry, record
+
+    def init_lookback(carry: RolloutCarry, params: Any, env_params: Any) -> Lookback:
+        _, record = jax.eval_shape(vector_step, carry, params, env_params)
+        zeros = lambda s: jnp.zeros((spec.lookback_len,) + s.shape, s.dtype)  # noqa: E731
+        return Lookback(obs=jax.tree.map(zeros, record.obs),
+                        actions=zeros(record.actions), rewards=zeros(record.rewards),
+                        extra_model_outputs=jax.tree.map(zeros, record.extra_model_outputs))
+
+    def chunk(carry: RolloutCarry, lookback: Lookback, params: Any, env_params: Any,
+              num_steps: jax.Array, episodes_limit: jax.Array):
+        """Runs up to `chunk_len` vector steps; see the module docstring."""
+        start = carry
+        _, record_shape = jax.eval_shape(vector_step, carry, params, env_params)
+
+        def skip(c):
+            return c, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), record_shape)
+
+        def body(loop, t):
+            c, episodes_done = loop
+            active = (t < num_steps) & (episodes_done < episodes_limit)
+            c, record = jax.lax.cond(active, lambda c: vector_step(c, params, env_params),
+                                     skip, c)
+            record = record.replace(valid=active)
+            done = (record.terminated | record.truncated)
+            episodes_done = episodes_done + jnp.sum(done.astype(jnp.int32))
+            return (c, episodes_done), record
+
+        (carry, _), traj = jax.lax.scan(body, (carry, jnp.zeros((), jnp.int32)),
+                                        jnp.arange(spec.chunk_len, dtype=jnp.int32))
+        steps_taken = jnp.sum(traj.valid.astype(jnp.int32))
+        metrics, num_counted, counted_len = _update_registers(carry.metrics, traj, start.vector_step,
+                                                 episodes_limit)
+        carry = carry.replace(metrics=metrics)
+        roll = lambda old, new: _roll_lookback(old, new, steps_taken)  # noqa: E731
+        lookback = Lookback(
+            obs=jax.tree.map(roll, lookback.obs, traj.obs),
+            actions=roll(lookback.actions, traj.actions),
+            rewards=roll(lookback.rewards, traj.rewards),
+            extra_model_outputs=jax.tree.map(roll, lookback.extra_model_outputs,
+                                             traj.extra_model_outputs),
+        )
+        info = ChunkInfo(num_steps=steps_taken, num_episodes=num_counted,
+                         episode_env_steps=counted_len,
+                         start_episode_count=start.episode_count,
+                         start_episode_len=start.episode_len)
+        return carry, lookback, traj, info
+
+    return RolloutFns(init_carry=init_carry, reset_carry=reset_carry,
+                      init_lookback=init_lookback, chunk=chunk)

@@ -1,0 +1,152 @@
+"""`EpisodeBatch`: what `sample()` returns.
+
+Two faces of the same data:
+
+* device arrays, time-major, for a JAX learner (no host transfer): `batch.chunks` is a
+  tuple of `Trajectory` chunks, each `(T, B, ...)` with a `valid` `(T,)` mask, and
+  `batch.trajectory()` joins them into one `Trajectory` (one chunk: returned as is);
+* a `Sequence` of host `SingleAgentEpisode` chunks: `len(batch)`, iteration and indexing
+  build them lazily from one device-to-host transfer of the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrunner.core.carry import Lookback, Trajectory
+from jaxrunner.episodes.single_agent_episode import SingleAgentEpisode
+
+
+class EpisodeBatch(Sequence):
+    """Episodes sampled by one `sample()` call.
+
+    Attributes:
+        chunks: tuple of device `Trajectory` chunks `(T, B, ...)`.
+        num_envs: `B`.
+        env_steps: number of env steps in the returned episodes.
+        mode: "timesteps" (cut episodes included) or "episodes" (only the first
+            `num_episodes` finished episodes).
+    """
+
+    def __init__(self, *, chunks: tuple[Trajectory, ...], start_episode_count: jax.Array,
+                 start_episode_len: jax.Array, lookback: Lookback, num_steps: int,
+                 num_envs: int, mode: str, num_episodes: int | None, id_prefix: str,
+                 observation_space=None, action_space=None, weights_seq_no: int = 0):
+        self.chunks = tuple(chunks)
+        self.num_envs = num_envs
+        self.mode = mode
+        self.weights_seq_no = weights_seq_no
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self._start_episode_count = start_episode_count
+        self._start_episode_len = start_episode_len
+        self._lookback = lookback
+        self._num_steps = num_steps  # vector steps taken in the call
+        self._num_episodes = num_episodes
+        self._id_prefix = id_prefix
+        self._episodes: list[SingleAgentEpisode] | None = None
+
+    # ------------------------------------------------------------------ device face
+    def trajectory(self) -> Trajectory:
+        """All chunks as one device `Trajectory` `(T_total, B, ...)` with a `valid` mask.
+
+        With a single chunk (the default `sample()`), the chunk itself: no copy, no compile.
+        """
+        if len(self.chunks) == 1:
+            return self.chunks[0]
+        return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *self.chunks)
+
+    @property
+    def num_vector_steps(self) -> int:
+        """Vector steps (steps of all `B` sub-envs at once) taken in the call."""
+        return self._num_steps
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps in the returned episodes (timestep mode: vector steps x B)."""
+        if self.mode == "timesteps":
+            return self._num_steps * self.num_envs
+        return sum(len(e) for e in self._host_episodes())
+
+    # ------------------------------------------------------------------ host face
+    def _host_episodes(self) -> list[SingleAgentEpisode]:
+        if self._episodes is None:
+            self._episodes = self._build_host_episodes()
+        return self._episodes
+
+    def __len__(self) -> int:
+        return len(self._host_episodes())
+
+    def __getitem__(self, index):
+        return self._host_episodes()[index]
+
+    def __iter__(self):
+        return iter(self._host_episodes())
+
+    def to_rllib(self) -> list:
+        """The episodes as `ray.rllib.env.single_agent_episode.SingleAgentEpisode`s."""
+        return [episode.to_rllib() for episode in self._host_episodes()]
+
+    def _build_host_episodes(self) -> list[SingleAgentEpisode]:
+        # One device-to-host transfer of everything the views need.
+        chunks, start_count, start_len, lookback = jax.device_get(
+            (self.chunks, self._start_episode_count, self._start_episode_len, self._lookback))
+        num_steps = self._num_steps
+        traj = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0)[:num_steps], *chunks)
+        done = traj.terminated | traj.truncated  # (T, B)
+        lookback_len = lookback.rewards.shape[0]
+        episodes: list[tuple[int, int, SingleAgentEpisode]] = []
+        for b in range(self.num_envs):
+            ends = np.flatnonzero(done[:, b])
+            starts = np.concatenate([[0], ends + 1])
+            stops = np.concatenate([ends + 1, [num_steps]])
+            for k, (s, e) in enumerate(zip(starts, stops)):
+                if e <= s:
+                    continue  # an episode that starts at the very end has no steps yet
+                finished = k < len(ends)
+                if self.mode == "episodes" and not finished:
+                    continue
+                steps = slice(s, e)
+                pick = lambda x: x[steps, b]  # noqa: E731
+                observations = jax.tree.map(
+                    lambda o, f: np.concatenate([o[steps, b], f[e - 1, b][None]], axis=0),
+                    traj.obs, traj.final_obs)
+                if k == 0:
+                    t_started = int(start_len[b])
+                    n_lb = min(lookback_len, t_started)
+                else:
+                    t_started, n_lb = 0, 0
+                lb = slice(lookback_len - n_lb, lookback_len)
+                episode = SingleAgentEpisode(
+                    f"{self._id_prefix}{b:05x}{int(start_count[b]) + k:08x}",
+                    observations=observations,
+                    actions=pick(traj.actions),
+                    rewards=pick(traj.rewards),
+                    extra_model_outputs={n: pick(v) for n, v in
+                                         traj.extra_model_outputs.items()},
+                    terminated=finished and bool(traj.terminated[e - 1, b]),
+                    truncated=finished and bool(traj.truncated[e - 1, b]),
+                    t_started=t_started,
+                    lookback_observations=jax.tree.map(lambda x: x[lb, b], lookback.obs),
+                    lookback_actions=lookback.actions[lb, b],
+                    lookback_rewards=lookback.rewards[lb, b],
+                    lookback_extra_model_outputs={
+                        n: v[lb, b] for n, v in lookback.extra_model_outputs.items()},
+                    observation_space=self.observation_space,
+                    action_space=self.action_space,
+                )
+                episodes.append((int(e - 1), b, episode))
+        if self.mode == "episodes":
+            # RLlib returns the first k episodes to finish, in (step, sub-env) order.
+            episodes.sort(key=lambda item: (item[0], item[1]))
+            episodes = episodes[: self._num_episodes]
+        return [episode for _, _, episode in episodes]
+
+    def __repr__(self) -> str:
+        return (f"EpisodeBatch(num_envs={self.num_envs}, vector_steps={self._num_steps}, "
+                f"chunks={len(self.chunks)}, mode={self.mode!r})")

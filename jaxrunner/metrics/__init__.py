@@ -1,0 +1,6 @@
+"""Metrics: RLlib's key names and the host-side reduction of the device registers."""
+
+from jaxrunner.metrics import keys as keys
+from jaxrunner.metrics.logger import RunnerMetrics as RunnerMetrics
+
+__all__ = ["RunnerMetrics", "keys"]

@@ -1,0 +1,540 @@
+"""`SingleAgentEnvRunner`: RLlib's single-agent runner contract over a compiled rollout.
+
+The runner is a thin stateful shell: it owns the device carry (env states, observations,
+RNG key, episode counters, metric registers), the module params and jitted chunk
+functions, and turns `sample()` arguments into calls of the same compiled chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrunner.config import RunnerConfig
+from jaxrunner.connectors.actions import make_actions_for_env
+from jaxrunner.core.carry import Lookback, RolloutCarry
+from jaxrunner.core.rollout import NO_EPISODE_LIMIT, RolloutSpec, make_rollout_fns
+from jaxrunner.envs.context import EnvContext
+from jaxrunner.envs.registry import make_jax_env
+from jaxrunner.envs.spaces import action_dtype, batched_space, to_gymnasium
+from jaxrunner.episodes.batch import EpisodeBatch
+from jaxrunner.errors import SampleArgumentError, StateStructureError
+from jaxrunner.metrics.logger import RunnerMetrics
+from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModuleSpec
+from jaxrunner.runners.env_runner import EnvRunner
+
+COMPONENT_RL_MODULE = "rl_module"
+COMPONENT_ENV_TO_MODULE_CONNECTOR = "env_to_module_connector"
+COMPONENT_MODULE_TO_ENV_CONNECTOR = "module_to_env_connector"
+COMPONENT_CARRY = "env_runner_carry"  # jaxrunner: RNG key + device carry, only when asked
+_DEFAULT_COMPONENTS = (COMPONENT_RL_MODULE, COMPONENT_ENV_TO_MODULE_CONNECTOR,
+                       COMPONENT_MODULE_TO_ENV_CONNECTOR)
+_ALL_COMPONENTS = _DEFAULT_COMPONENTS + (COMPONENT_CARRY,)
+_STATE_KEYS = set(_ALL_COMPONENTS) | {"weights_seq_no", "num_env_steps_sampled_lifetime"}
+
+
+def _as_set(components: Any) -> set[str] | None:
+    if components is None:
+        return None
+    if isinstance(components, str):
+        return {components}
+    return set(components)
+
+
+def _tree_paths(tree: Any) -> dict[str, tuple]:
+    return {jax.tree_util.keystr(path): (np.shape(leaf), np.result_type(leaf))
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _check_same_structure(expected: Any, given: Any, what: str) -> None:
+    """Raises StateStructureError naming the first paths whose structure/shape differ."""
+    want, got = _tree_paths(expected), _tree_paths(given)
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    wrong = sorted(p for p in set(want) & set(got) if want[p][0] != got[p][0])
+    if missing or extra or wrong:
+        lines = []
+        if missing:
+            lines.append(f"missing entries {missing[:5]}")
+        if extra:
+            lines.append(f"unexpected entries {extra[:5]}")
+        if wrong:
+            lines.append("wrong shapes " + ", ".join(
+                f"{p}: expected {want[p][0]}, got {got[p][0]}" for p in wrong[:5]))
+        raise StateStructureError(
+            f"set_state: the {what} does not fit this runner ({'; '.join(lines)}). Pass a "
+            f"state produced by get_state() of a runner with the same env and module config."
+        )
+
+
+class SingleAgentEnvRunner(EnvRunner):
+    """Samples a vector of `num_envs_per_env_runner` gymnax sub-envs with a Flax module,
+    all inside one compiled `lax.scan`.
+
+    Args:
+        config: a `RunnerConfig`.
+        worker_index: None (standalone), 0 (local runner of a group) or 1..N (remote).
+        num_workers: remote runners in the group (default `config.num_env_runners`).
+        spaces: `{"__env__": ..., "__env_single__": ..., "default_policy": ...}` for a local
+            runner that has no env of its own.
+    """
+
+    def __init__(self, *, config: RunnerConfig, worker_index: int | None = None,
+                 num_workers: int | None = None, spaces: dict | None = None, **kwargs: Any):
+        super().__init__(config=config, worker_index=worker_index, num_workers=num_workers,
+                         **kwargs)
+        cfg = self.config
+        if cfg.seed is None:
+            self._seed = None
+            seed_for_key = int.from_bytes(os.urandom(4), "little")
+        else:
+            self._seed = int(cfg.seed + (worker_index or 0) + 1_000_000 * cfg.in_evaluation)
+            seed_for_key = self._seed
+        self._base_key = jax.random.key(seed_for_key)
+        # Episode ids: a per-runner prefix + sub-env index + per-sub-env episode counter.
+        self._id_prefix = hashlib.sha1(
+            f"{seed_for_key}-{worker_index}-{os.urandom(8).hex() if cfg.seed is None else ''}"
+            .encode()).hexdigest()[:12]
+        self.num_envs = cfg.num_envs_per_env_runner
+        self.spaces = spaces
+        self.env = None
+        self.env_params = None
+        self.env_name: str | None = None
+        self.module = None
+        self._params = None
+        self._weights_seq_no = 0
+        self._metrics = RunnerMetrics(self.num_envs)
+        self._carry: RolloutCarry | None = None
+        self._lookback: Lookback | None = None
+        self._needs_reset = True
+        self._compiled: dict[str, Any] = {}
+        self._stopped = False
+        if (worker_index is None or worker_index > 0 or cfg.create_env_on_local_worker
+                or cfg.num_env_runners == 0):
+            self.make_env()
+        self.make_module()
+
+    # ------------------------------------------------------------------ construction
+    def make_env(self) -> None:
+        """Builds the env from `config.env` and checks that it jits with the vmap."""
+        cfg = self.config
+        if isinstance(cfg.env_config, EnvContext):
+            context = cfg.env_config
+        else:
+            context = EnvContext(cfg.env_config, worker_index=self.worker_index,
+                                 num_workers=self.num_workers)
+        env, env_params, name = make_jax_env(cfg.env, context)
+        obs_space_gx = env.observation_space(env_params)
+        act_space_gx = env.action_space(env_params)
+        self._gymnax_action_space = act_space_gx
+        self.observation_space = to_gymnasium(obs_space_gx)
+        self.action_space = to_gymnasium(act_space_gx)
+        self._env_action_dtype = action_dtype(act_space_gx)
+        self._check_env_jits(env, env_params, act_space_gx, name)
+        self.env, self.env_params, self.env_name = env, env_params, name
+        self._carry = None
+        self._needs_reset = True
+        self._compiled = {}
+
+    def _check_env_jits(self, env, env_params, act_space_gx, name: str) -> None:
+        key = jax.random.key(0)
+        try:
+            obs, state = jax.eval_shape(env.reset, key, env_params)
+            action = jax.eval_shape(act_space_gx.sample, key)
+            jax.eval_shape(env.step, key, state, jnp.zeros(action.shape, action.dtype),
+                           env_params)
+        except Exception as error:  # noqa: BLE001 - re-raised with context
+            raise TypeError(
+                f"The env {name!r} cannot be traced by JAX ({type(error).__name__}: {error}). "
+                "jaxrunner compiles reset() and step() into one program: they must be pure "
+                "JAX functions of (key, state, action, params) with no Python control flow on "
+                "array values and no host I/O. Use jax.lax.cond/jnp.where instead of if/else "
+                "on arrays."
+            ) from error
+
+    def make_module(self) -> None:
+        """Builds the inference-only module for the env's spaces and checks its output."""
+        cfg = self.config
+        if self.env is None and self.spaces is None:
+            self.module = None
+            return
+        if self.env is not None:
+            obs_space, act_space = self.observation_space, self.action_space
+        else:
+            obs_space, act_space = self.spaces[DEFAULT_MODULE_ID]
+        spec = cfg.rl_module_spec or RLModuleSpec()
+        if not isinstance(spec, RLModuleSpec):
+            raise TypeError(
+                f"config.rl_module_spec must be a jaxrunner.RLModuleSpec, got {spec!r}."
+            )
+        spec = RLModuleSpec(
+            module_class=spec.module_class,
+            observation_space=spec.observation_space or obs_space,
+            action_space=spec.action_space or act_space,
+            model_config={**cfg.model_config_with_defaults, **(spec.model_config or {})},
+            inference_only=True,
+        )
+        module = spec.build()
+        params = module.init(jax.random.fold_in(self._base_key, 1))
+        self._check_module_fits(module, params, obs_space, act_space)
+        self.module = module
+        self._params = jax.device_put(params)
+        self._compiled = {}
+
+    def _check_module_fits(self, module, params, obs_space, act_space) -> None:
+        dist_cls = module.action_dist_cls
+        needed = dist_cls.required_input_dim(act_space)
+        obs = jax.ShapeDtypeStruct((self.num_envs,) + tuple(obs_space.shape),
+                                   np.dtype(obs_space.dtype))
+        try:
+            out = jax.eval_shape(module.forward_exploration, params, {"obs": obs})
+        except Exception as error:  # noqa: BLE001 - re-raised with context
+            raise ValueError(
+                f"The module {type(module).__name__} fails on a batch of observations of "
+                f"shape {obs.shape} ({type(error).__name__}: {error})."
+            ) from error
+        got = getattr(out.get("action_dist_inputs"), "shape", None)
+        if got != (self.num_envs, needed):
+            raise ValueError(
+                f"The module {type(module).__name__} outputs action_dist_inputs of shape "
+                f"{got}, but the action space {act_space} needs ({self.num_envs}, {needed}) "
+                f"for a batch of {self.num_envs} observations ({dist_cls.__name__} takes "
+                f"{needed} inputs per action). Make the module's last layer output {needed} "
+                "values."
+            )
+
+    def _chunk_len(self) -> int:
+        fragment = self.config.get_rollout_fragment_length(self.worker_index or 0)
+        return max(1, min(fragment, self.config.max_chunk_length))
+
+    def _fns(self, mode: str):
+        """The rollout functions for `mode`, jitted once per runner build."""
+        if mode not in self._compiled:
+            spec = RolloutSpec(
+                env=self.env, module=self.module, gymnax_action_space=self._gymnax_action_space,
+                action_space=self.action_space, num_envs=self.num_envs,
+                chunk_len=self._chunk_len(), lookback_len=self.config.episode_lookback_horizon,
+                metrics_window=self.config.metrics_window,
+                actions_for_env=make_actions_for_env(
+                    self.action_space, normalize_actions=self.config.normalize_actions,
+                    clip_actions=self.config.clip_actions, env_dtype=self._env_action_dtype),
+            )
+            fns = make_rollout_fns(spec, mode)
+            self._compiled[mode] = {
+                "init_carry": jax.jit(fns.init_carry),
+                "reset_carry": jax.jit(fns.reset_carry, donate_argnums=(0,)),
+                "init_lookback": jax.jit(fns.init_lookback),
+                "chunk": jax.jit(fns.chunk, donate_argnums=(0,)),
+            }
+        return self._compiled[mode]
+
+    def _ensure_carry(self) -> None:
+        if self._carry is None:
+            fns = self._fns("explore")
+            self._carry = fns["init_carry"](jax.random.fold_in(self._base_key, 2),
+                                            self.env_params)
+            self._lookback = fns["init_lookback"](self._carry, self._params, self.env_params)
+            self._needs_reset = False
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, *, num_timesteps: int | None = None, num_episodes: int | None = None,
+               explore: bool | None = None, random_actions: bool = False,
+               force_reset: bool = False) -> EpisodeBatch:
+        """Samples `num_timesteps` env steps or `num_episodes` whole episodes.
+
+        Timestep mode returns between `n` and `n + num_envs - 1` env steps; episodes still
+        running are cut and continue (same id, `t_started` = previous `t`) in the next
+        call. Episode mode resets every sub-env first and returns exactly `k` episodes
+        that started and finished in the call. With neither, `batch_mode` decides:
+        "truncate_episodes" samples `rollout_fragment_length * num_envs` steps,
+        "complete_episodes" samples `num_envs` episodes.
+
+        Args:
+            explore: sample from the action distribution (True) or take its
+                deterministic action (False); None uses `config.explore`.
+            random_actions: sample the action space uniformly, ignoring the module.
+            force_reset: restart every sub-env before sampling.
+        """
+        self._check_sample_args(num_timesteps, num_episodes, explore, random_actions,
+                                force_reset)
+        start_time = time.perf_counter()
+        explore = self.config.explore if explore is None else explore
+        mode = "random" if random_actions else ("explore" if explore else "inference")
+        if num_timesteps is None and num_episodes is None:
+            if self.config.batch_mode == "truncate_episodes":
+                num_timesteps = self._chunk_len_for_default() * self.num_envs
+            else:
+                num_episodes = self.num_envs
+        fns = self._fns(mode)
+        self._ensure_carry()
+        if num_episodes is not None or force_reset or self._needs_reset:
+            self._carry = fns["reset_carry"](self._carry, self.env_params)
+            self._needs_reset = False
+        lookback_at_start = self._lookback
+        chunks, infos = [], []
+        if num_episodes is not None:
+            vector_steps, counted, returned_steps = 0, 0, 0
+            while counted < num_episodes:
+                info = self._run_chunk(fns, self._chunk_len(), num_episodes - counted,
+                                       chunks, infos)
+                steps, episodes, ep_steps = jax.device_get(
+                    (info.num_steps, info.num_episodes, info.episode_env_steps))
+                vector_steps += int(steps)
+                counted += int(episodes)
+                returned_steps += int(ep_steps)
+            # Episodes in flight are dropped, as in RLlib; the next call starts fresh.
+            self._needs_reset = True
+            env_steps = vector_steps * self.num_envs
+            discarded = env_steps - returned_steps
+            batch_mode = "episodes"
+        else:
+            vector_steps = math.ceil(num_timesteps / self.num_envs)
+            remaining = vector_steps
+            while remaining > 0:
+                steps = min(remaining, self._chunk_len())
+                self._run_chunk(fns, steps, NO_EPISODE_LIMIT, chunks, infos)
+                remaining -= steps
+            env_steps = vector_steps * self.num_envs
+            discarded = 0
+            batch_mode = "timesteps"
+        # Wait for the device so timers and episode durations measure the work itself.
+        jax.block_until_ready(self._carry.vector_step)
+        first = infos[0] if infos else None
+        batch = EpisodeBatch(
+            chunks=tuple(chunks),
+            start_episode_count=first.start_episode_count if first else self._carry.episode_count,
+            start_episode_len=first.start_episode_len if first else self._carry.episode_len,
+            lookback=lookback_at_start, num_steps=vector_steps, num_envs=self.num_envs,
+            mode=batch_mode, num_episodes=num_episodes, id_prefix=self._id_prefix,
+            observation_space=self.observation_space, action_space=self.action_space,
+            weights_seq_no=self._weights_seq_no)
+        self._metrics.record_sample(vector_steps=vector_steps, env_steps=env_steps,
+                                    discarded_env_steps=discarded, start_time=start_time,
+                                    end_time=time.perf_counter())
+        return batch
+
+    def _chunk_len_for_default(self) -> int:
+        return self.config.get_rollout_fragment_length(self.worker_index or 0)
+
+    def _run_chunk(self, fns, num_steps: int, episodes_limit, chunks: list, infos: list):
+        carry, lookback, traj, info = fns["chunk"](
+            self._carry, self._lookback, self._params, self.env_params,
+            np.int32(num_steps), np.int32(episodes_limit))
+        self._carry, self._lookback = carry, lookback
+        chunks.append(traj)
+        infos.append(info)
+        return info
+
+    def _check_sample_args(self, num_timesteps, num_episodes, explore, random_actions,
+                           force_reset) -> None:
+        if self._stopped:
+            raise RuntimeError("This runner was stopped; create a new one to sample.")
+        if num_timesteps is not None and num_episodes is not None:
+            raise SampleArgumentError(
+                "Pass either num_timesteps or num_episodes to sample(), not both "
+                f"(got num_timesteps={num_timesteps}, num_episodes={num_episodes})."
+            )
+        for name, value in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise SampleArgumentError(f"{name} must be an int >= 0, got {value!r}.")
+            if value < 0:
+                raise SampleArgumentError(f"{name} must be >= 0, got {value}.")
+        for name, value in (("random_actions", random_actions), ("force_reset", force_reset)):
+            if not isinstance(value, bool):
+                raise SampleArgumentError(f"{name} must be True or False, got {value!r}.")
+        if explore is not None and not isinstance(explore, bool):
+            raise SampleArgumentError(f"explore must be True, False or None, got {explore!r}.")
+        if self.env is None:
+            raise ValueError(
+                "This runner has no env: it is the local runner (worker_index=0) of a group "
+                "with remote runners. Sample on the remote runners, or set "
+                "config.env_runners(create_env_on_local_worker=True)."
+            )
+
+    # ------------------------------------------------------------------ metrics
+    def get_metrics(self) -> dict[str, Any]:
+        """RLlib's metric keys for the steps and episodes since the last call.
+
+        Smoothed episode keys (`episode_return_mean`, ...) cover the last
+        `ceil(metrics_num_episodes_for_smoothing / num_env_runners)` finished episodes and
+        are absent until an episode has finished. An episode cut across calls counts once,
+        with its whole length and return.
+        """
+        if self._carry is None:
+            registers = None
+        else:
+            registers = jax.device_get(self._carry.metrics)
+        self._metrics.weights_seq_no = self._weights_seq_no
+        if registers is None:
+            from jaxrunner.core.carry import MetricRegisters
+
+            registers = jax.device_get(MetricRegisters.create(1))
+        metrics = self._metrics.reduce(registers)
+        self.num_env_steps_sampled_lifetime = self._metrics.env_steps_lifetime
+        return metrics
+
+    # ------------------------------------------------------------------ state
+    def get_state(self, components: Any = None, *, not_components: Any = None,
+                  inference_only: bool = True, **kwargs: Any) -> dict[str, Any]:
+        """The runner's state as host numpy.
+
+        Components: "rl_module" (weights, with "weights_seq_no"),
+        "env_to_module_connector", "module_to_env_connector" (connector states), and
+        "env_runner_carry" (RNG key, env states, episode counters, metric registers) only
+        when asked for by name. `num_env_steps_sampled_lifetime` is always included.
+        """
+        wanted = _as_set(components)
+        unwanted = _as_set(not_components) or set()
+        for given in (wanted or set()) | unwanted:
+            if given not in _ALL_COMPONENTS:
+                raise ValueError(
+                    f"Unknown state component {given!r}; valid components are "
+                    f"{list(_ALL_COMPONENTS)}."
+                )
+
+        def selected(name: str) -> bool:
+            if name in unwanted:
+                return False
+            if wanted is None:
+                return name in _DEFAULT_COMPONENTS
+            return name in wanted
+
+        state: dict[str, Any] = {
+            "num_env_steps_sampled_lifetime": self._metrics.env_steps_lifetime}
+        if selected(COMPONENT_RL_MODULE) and self._params is not None:
+            state[COMPONENT_RL_MODULE] = jax.device_get(self._params)
+            state["weights_seq_no"] = self._weights_seq_no
+        if selected(COMPONENT_ENV_TO_MODULE_CONNECTOR):
+            state[COMPONENT_ENV_TO_MODULE_CONNECTOR] = {}
+        if selected(COMPONENT_MODULE_TO_ENV_CONNECTOR):
+            state[COMPONENT_MODULE_TO_ENV_CONNECTOR] = {}
+        if selected(COMPONENT_CARRY) and self.env is not None:
+            self._ensure_carry()
+            carry, lookback = jax.device_get(
+                (self._carry.replace(key=jax.random.key_data(self._carry.key)),
+                 self._lookback))
+            state[COMPONENT_CARRY] = {
+                "carry": carry, "lookback": lookback, "needs_reset": self._needs_reset,
+                "key_impl": str(jax.random.key_impl(self._carry.key)),
+                "metrics": self._metrics.get_state(),
+            }
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores `get_state()` output. Weights apply only if `weights_seq_no` is 0 or
+        newer than the runner's; a wrong structure raises `StateStructureError` and leaves
+        the runner as it was."""
+        if not isinstance(state, dict):
+            raise StateStructureError(
+                f"set_state expects the dict get_state() returns, got {type(state).__name__}."
+            )
+        unknown = set(state) - _STATE_KEYS
+        if unknown:
+            raise StateStructureError(
+                f"set_state: unknown keys {sorted(unknown)}; expected some of "
+                f"{sorted(_STATE_KEYS)}."
+            )
+        for name in (COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR):
+            if name in state and state[name] not in ({}, None):
+                raise StateStructureError(
+                    f"set_state: {name} carries state {state[name]!r}, but this runner's "
+                    "pipeline has no stateful connectors."
+                )
+        # Validate everything before changing anything.
+        new_params, seq = None, int(state.get("weights_seq_no", 0) or 0)
+        if COMPONENT_RL_MODULE in state and (seq == 0 or seq > self._weights_seq_no):
+            weights = state[COMPONENT_RL_MODULE]
+            if type(weights).__name__ == "ObjectRef":
+                import ray
+
+                weights = ray.get(weights)
+            if isinstance(weights, dict) and set(weights) == {DEFAULT_MODULE_ID}:
+                weights = weights[DEFAULT_MODULE_ID]
+            if self.module is None:
+                raise ValueError("set_state: this runner has no module to load weights into.")
+            try:
+                weights = self.module.params_for_inference(weights)
+            except (KeyError, TypeError) as error:
+                raise StateStructureError(
+                    f"set_state: rl_module weights do not fit {type(self.module).__name__} "
+                    f"({type(error).__name__}: {error})."
+                ) from error
+            _check_same_structure(self._params, weights, "rl_module weights")
+            new_params = jax.tree.map(lambda old, new: jnp.asarray(new, old.dtype),
+                                      self._params, weights)
+        carry_state = state.get(COMPONENT_CARRY)
+        new_carry = None
+        if carry_state is not None:
+            self._ensure_carry()
+            current = jax.device_get(
+                (self._carry.replace(key=jax.random.key_data(self._carry.key)),
+                 self._lookback))
+            _check_same_structure(current, (carry_state["carry"], carry_state["lookback"]),
+                                  "env_runner_carry")
+            key = jax.random.wrap_key_data(
+                jnp.asarray(carry_state["carry"].key),
+                impl=carry_state.get("key_impl", None) or jax.random.key_impl(self._carry.key))
+            new_carry = (jax.device_put(carry_state["carry"].replace(key=None)).replace(key=key),
+                         jax.device_put(carry_state["lookback"]))
+        # Apply.
+        if new_params is not None:
+            self._params = new_params
+            if seq > 0:
+                self._weights_seq_no = seq
+        if "num_env_steps_sampled_lifetime" in state:
+            self._metrics.env_steps_lifetime = int(state["num_env_steps_sampled_lifetime"])
+            self.num_env_steps_sampled_lifetime = self._metrics.env_steps_lifetime
+        if new_carry is not None:
+            self._carry, self._lookback = new_carry
+            self._needs_reset = bool(carry_state["needs_reset"])
+            self._metrics.set_state(carry_state["metrics"])
+
+    # ------------------------------------------------------------------ the rest
+    def get_spaces(self) -> dict[str, tuple]:
+        """`__env__` (batched), `__env_single__` and `default_policy` spaces (gymnasium)."""
+        if self.env is None:
+            if self.spaces is None:
+                raise ValueError("This runner has neither an env nor spaces given to it.")
+            return dict(self.spaces)
+        return {
+            "__env__": (batched_space(self.observation_space, self.num_envs),
+                        batched_space(self.action_space, self.num_envs)),
+            "__env_single__": (self.observation_space, self.action_space),
+            DEFAULT_MODULE_ID: (self.observation_space, self.action_space),
+        }
+
+    def assert_healthy(self) -> None:
+        if self._stopped:
+            raise AssertionError("The runner was stopped.")
+        if self.env is None or self.module is None:
+            raise AssertionError(
+                f"Runner (worker_index={self.worker_index}) is not healthy: env="
+                f"{self.env_name!r}, module={type(self.module).__name__ if self.module else None}."
+            )
+
+    def stop(self) -> None:
+        """Releases the env, carry and compiled functions; safe to call again."""
+        self._stopped = True
+        self._carry = None
+        self._lookback = None
+        self._compiled = {}
+
+    @property
+    def weights_seq_no(self) -> int:
+        return self._weights_seq_no
+
+    def __repr__(self) -> str:
+        return (f"SingleAgentEnvRunner(env={self.env_name!r}, num_envs={self.num_envs}, "
+                f"worker_index={self.worker_index})")
+
+
+__all__ = ["SingleAgentEnvRunner"]
