@@ -76,27 +76,34 @@ def _update_registers(registers: MetricRegisters, traj: Trajectory, start_step: 
                       ) -> tuple[MetricRegisters, jax.Array, jax.Array]:
     """Writes the episodes finished in `traj` (in (t, b) order, at most
     `episodes_limit`) into the ring; returns the new registers, the number of episodes
-    written and their summed lengths."""
+    written and their summed lengths.
+
+    Only the last `W` counted episodes can survive in the ring, so they are located with
+    a cumulative count and `W` binary searches, and only `W` slots are written.
+    """
     chunk_len, num_envs = traj.rewards.shape
     window = registers.window_return.shape[0]
-    done = (traj.terminated | traj.truncated) & traj.valid[:, None]
-    flat_done = done.reshape(-1)
-    rank = jnp.cumsum(flat_done.astype(jnp.int32)) - flat_done.astype(jnp.int32)
-    counted = flat_done & (rank < episodes_limit)
-    num_new = jnp.sum(counted.astype(jnp.int32))
-    keep = counted & (rank >= num_new - window)
-    slot = jnp.where(keep, (registers.window_next + rank) % window, window)
-    end_step = start_step + jnp.arange(1, chunk_len + 1, dtype=jnp.uint32)
-    end_step = jnp.broadcast_to(end_step[:, None], (chunk_len, num_envs)).reshape(-1)
+    done = ((traj.terminated | traj.truncated) & traj.valid[:, None]).reshape(-1)
+    cumulative = jnp.cumsum(done.astype(jnp.int32))  # (T*B,) episodes finished so far
+    num_new = jnp.minimum(cumulative[-1], episodes_limit)
+    # 1-based rank (among this chunk's counted episodes) of each ring write, oldest first.
+    rank = num_new - window + 1 + jnp.arange(window, dtype=jnp.int32)
+    written = rank >= 1
+    position = jnp.searchsorted(cumulative, jnp.maximum(rank, 1), side="left")
+    position = jnp.minimum(position, chunk_len * num_envs - 1)
+    slot = jnp.where(written, (registers.window_next + rank - 1) % window, window)
+    end_step = start_step + (position // num_envs).astype(jnp.uint32) + jnp.uint32(1)
     new = registers.replace(
         window_return=registers.window_return.at[slot].set(
-            traj.episode_return.reshape(-1), mode="drop"),
-        window_len=registers.window_len.at[slot].set(traj.episode_len.reshape(-1), mode="drop"),
+            traj.episode_return.reshape(-1)[position], mode="drop"),
+        window_len=registers.window_len.at[slot].set(
+            traj.episode_len.reshape(-1)[position], mode="drop"),
         window_end_step=registers.window_end_step.at[slot].set(end_step, mode="drop"),
         window_next=(registers.window_next + num_new) % window,
         window_size=jnp.minimum(registers.window_size + num_new, window),
         episodes=registers.episodes + num_new.astype(jnp.uint32),
     )
+    counted = done & (cumulative <= episodes_limit)
     counted_len = jnp.sum(jnp.where(counted, traj.episode_len.reshape(-1), 0))
     return new, num_new, counted_len
 
