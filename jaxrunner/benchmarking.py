@@ -1,0 +1,173 @@
+"""Throughput measurement: jaxrunner `sample()` against a bare hand-written `lax.scan`.
+
+Both sides run the same gymnax env and the same MLP policy (tanh hidden layers, a
+categorical or Gaussian head, sampled actions), with `vmap` over sub-envs and `lax.scan`
+over time. The bare scan keeps only what a minimal PPO rollout keeps (observation, action,
+reward, done, log-prob) and sums finished episodes' returns on device; jaxrunner's
+`sample()` additionally records terminated/truncated apart, final observations, action
+distribution inputs, episode ids, lookback and the metric ring. Its overhead is the ratio.
+
+Machines are noisy, so sides are measured in alternating rounds in one process and the
+ratio is taken per round (median reported).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxrunner.config import RunnerConfig
+from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner
+
+
+class _PolicyNet(nn.Module):
+    hiddens: tuple[int, ...]
+    out_dim: int
+
+    @nn.compact
+    def __call__(self, x):
+        for width in self.hiddens:
+            x = jnp.tanh(nn.Dense(width)(x))
+        return nn.Dense(self.out_dim)(x)
+
+
+def make_bare_scan(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
+                   random_actions: bool, seed: int = 0) -> Callable[[], None]:
+    """A hand-written PureJaxRL-style rollout; returns `run()` that does one rollout."""
+    import gymnax
+
+    env, params = gymnax.make(env_id)
+    action_space = env.action_space(params)
+    discrete = hasattr(action_space, "n")
+    out_dim = action_space.n if discrete else 2 * action_space.shape[0]
+    net = _PolicyNet(hiddens, out_dim)
+    key = jax.random.key(seed)
+    obs_shape = env.observation_space(params).shape
+    weights = net.init(key, jnp.zeros((1, int(jnp.prod(jnp.array(obs_shape))))))
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, num_envs),
+                                                         params)
+
+    def policy(obs, key):
+        if random_actions:
+            return jax.vmap(action_space.sample)(jax.random.split(key, num_envs)), jnp.zeros(
+                (num_envs,))
+        out = net.apply(weights, obs.reshape(num_envs, -1))
+        if discrete:
+            action = jax.random.categorical(key, out)
+            logp = jnp.take_along_axis(jax.nn.log_softmax(out), action[:, None], 1)[:, 0]
+            return action, logp
+        mean, log_std = jnp.split(out, 2, axis=-1)
+        action = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+        low, high = action_space.low, action_space.high
+        return jnp.clip(action, low, high), jnp.sum(-log_std, axis=-1)
+
+    def step(carry, _):
+        obs, state, key, ret, ret_sum, episodes = carry
+        key, act_key, step_key = jax.random.split(key, 3)
+        action, logp = policy(obs, act_key)
+        next_obs, state, reward, terminated, truncated, _ = jax.vmap(
+            env.step, in_axes=(0, 0, 0, None))(jax.random.split(step_key, num_envs), state,
+                                               action, params)
+        done = terminated | truncated
+        ret = ret + reward
+        ret_sum = ret_sum + jnp.sum(jnp.where(done, ret, 0.0))
+        episodes = episodes + jnp.sum(done)
+        ret = jnp.where(done, 0.0, ret)
+        return (next_obs, state, key, ret, ret_sum, episodes), (obs, action, reward, done, logp)
+
+    @jax.jit
+    def rollout(carry):
+        return jax.lax.scan(step, carry, None, length=num_steps)
+
+    holder = {"carry": (obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
+                        jnp.zeros((), jnp.int32))}
+
+    def run():
+        holder["carry"], traj = rollout(holder["carry"])
+        jax.block_until_ready(traj)
+
+    run()
+    return run
+
+
+def make_jaxrunner(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
+                   random_actions: bool, seed: int = 0, **env_runner_kwargs: Any
+                   ) -> tuple[Callable[[], None], float]:
+    """A runner sampling `num_envs * num_steps` env steps per call; returns `(run, compile_s)`
+    where `compile_s` is the wall time of the first `sample()` (compilation included)."""
+    config = (RunnerConfig().environment(env_id)
+              .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=num_steps,
+                           **env_runner_kwargs)
+              .rl_module(model_config={"fcnet_hiddens": list(hiddens)})
+              .debugging(seed=seed))
+    runner = SingleAgentEnvRunner(config=config)
+    start = time.perf_counter()
+    runner.sample(random_actions=random_actions)
+    compile_s = time.perf_counter() - start
+
+    def run():
+        runner.sample(random_actions=random_actions)
+
+    return run, compile_s
+
+
+def compare(sides: dict[str, Callable[[], None]], steps_per_call: int, *, rounds: int = 10,
+            calls_per_round: int = 3, reference: str = "bare_scan") -> dict[str, Any]:
+    """Alternating rounds; returns best steps/s per side and median per-round ratios."""
+    timings: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, run in sides.items():
+            start = time.perf_counter()
+            for _ in range(calls_per_round):
+                run()
+            timings[name].append(time.perf_counter() - start)
+    steps = steps_per_call * calls_per_round
+    result: dict[str, Any] = {
+        "steps_per_s": {name: steps / min(t) for name, t in timings.items()},
+        "median_steps_per_s": {name: steps / statistics.median(t) for name, t in timings.items()},
+    }
+    if reference in sides:
+        result["ratio_to_" + reference] = {
+            name: statistics.median(ref / own for ref, own in zip(timings[reference], t))
+            for name, t in timings.items() if name != reference}
+    return result
+
+
+def machine_info() -> dict[str, Any]:
+    return {"jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
+            "platform": platform.platform(), "processor": platform.processor(),
+            "python": platform.python_version()}
+
+
+def run_throughput(*, env_id: str = "CartPole-v1", num_envs_list=(1024, 4096),
+                   num_steps: int = 128, hiddens=(64, 64), random_actions: bool = False,
+                   rounds: int = 10, output: str | None = None, progress=print
+                   ) -> dict[str, Any]:
+    """jaxrunner `sample()` vs the bare scan at each `num_envs`; JSON-ready results."""
+    results: dict[str, Any] = {"benchmark": "throughput", "env": env_id, "policy":
+                               "random" if random_actions else f"mlp{list(hiddens)} explore",
+                               "num_steps_per_call": num_steps, "machine": machine_info(),
+                               "cases": []}
+    for num_envs in num_envs_list:
+        run_ours, compile_s = make_jaxrunner(env_id, num_envs, num_steps, tuple(hiddens),
+                                             random_actions)
+        run_bare = make_bare_scan(env_id, num_envs, num_steps, tuple(hiddens), random_actions)
+        case = compare({"jaxrunner": run_ours, "bare_scan": run_bare}, num_envs * num_steps,
+                       rounds=rounds)
+        case.update({"num_envs": num_envs, "jaxrunner_first_sample_s": compile_s})
+        results["cases"].append(case)
+        progress(f"{env_id} num_envs={num_envs}: jaxrunner "
+                 f"{case['steps_per_s']['jaxrunner']:,.0f} steps/s, bare scan "
+                 f"{case['steps_per_s']['bare_scan']:,.0f} steps/s, ratio "
+                 f"{case['ratio_to_bare_scan']['jaxrunner']:.3f}")
+    if output:
+        with open(output, "w") as f:
+            json.dump(results, f, indent=1)
+    return results

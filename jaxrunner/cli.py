@@ -1,0 +1,220 @@
+"""The `jaxrunner` command line: `sample`, `envs` and `bench`.
+
+    jaxrunner sample --env CartPole-v1 --num-envs 1024 --timesteps 1000000
+    jaxrunner envs
+    jaxrunner bench --num-envs 1024 4096
+
+Bad arguments print one line and exit with code 2 (never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Sequence
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class UsageError(Exception):
+    """A bad argument found after parsing (reported in one line, exit code 2)."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _hiddens(text: str) -> list[int]:
+    try:
+        widths = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated layer widths like 64,64, got {text!r}") from None
+    if not widths or any(w < 1 for w in widths):
+        raise argparse.ArgumentTypeError(f"expected positive layer widths, got {text!r}")
+    return widths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _ArgumentParser(prog="jaxrunner",
+                             description="Compiled RLlib-style env runners on JAX.")
+    sub = parser.add_subparsers(dest="command", parser_class=_ArgumentParser)
+
+    sample = sub.add_parser("sample", help="sample an env with the default MLP policy")
+    sample.add_argument("--env", default="CartPole-v1", help="gymnax id or registered name")
+    sample.add_argument("--num-envs", type=_positive_int, default=1024)
+    size = sample.add_mutually_exclusive_group()
+    size.add_argument("--timesteps", type=_positive_int, help="env steps to sample in all")
+    size.add_argument("--episodes", type=_positive_int, help="episodes to sample in all")
+    sample.add_argument("--fragment", type=_positive_int, default=200,
+                        help="rollout_fragment_length: vector steps per sample() call")
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--hiddens", type=_hiddens, default=[64, 64],
+                        help="MLP layer widths, e.g. 64,64")
+    sample.add_argument("--random-actions", action="store_true")
+    sample.add_argument("--no-explore", action="store_true", help="take greedy actions")
+    sample.add_argument("--json", action="store_true",
+                        help="print the final metrics as JSON (no progress bar)")
+
+    sub.add_parser("envs", help="list every env id jaxrunner can run, with its spaces")
+
+    bench = sub.add_parser("bench", help="throughput vs a bare lax.scan; writes JSON")
+    bench.add_argument("--env", default="CartPole-v1")
+    bench.add_argument("--num-envs", type=_positive_int, nargs="+", default=[1024, 4096])
+    bench.add_argument("--num-steps", type=_positive_int, default=128)
+    bench.add_argument("--rounds", type=_positive_int, default=10)
+    bench.add_argument("--random-actions", action="store_true")
+    bench.add_argument("--output", default="throughput.json")
+    return parser
+
+
+def _metrics_table(metrics: dict[str, Any], title: str = "metrics (RLlib keys)"):
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("key")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            for sub_key, sub_value in value.items():
+                table.add_row(f"{key}/{sub_key}", _fmt(sub_value))
+        else:
+            table.add_row(key, _fmt(value))
+    return table
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    import jaxrunner
+
+    try:
+        config = (jaxrunner.RunnerConfig()
+                  .environment(args.env)
+                  .env_runners(num_envs_per_env_runner=args.num_envs,
+                               rollout_fragment_length=args.fragment,
+                               explore=not args.no_explore)
+                  .rl_module(model_config={"fcnet_hiddens": args.hiddens})
+                  .debugging(seed=args.seed))
+        runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    except (ValueError, TypeError) as error:
+        raise UsageError(str(error).splitlines()[0]) from error
+    console = Console(stderr=True)
+    total = args.episodes if args.episodes else (args.timesteps or args.num_envs * args.fragment)
+    unit = "episodes" if args.episodes else "env steps"
+    done, steps, start = 0, 0, time.perf_counter()
+    first_call_s = None
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                  TextColumn("{task.completed:,}/{task.total:,} " + unit),
+                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                  console=console, disable=args.json) as progress:
+        task = progress.add_task(f"sampling {args.env}", total=total, rate="")
+        while done < total:
+            call_start = time.perf_counter()
+            if args.episodes:
+                batch = runner.sample(num_episodes=min(args.num_envs, total - done),
+                                      random_actions=args.random_actions)
+                done += len(batch)
+                steps += batch.num_vector_steps * args.num_envs
+            else:
+                batch = runner.sample(num_timesteps=min(args.num_envs * args.fragment,
+                                                        total - done),
+                                      random_actions=args.random_actions)
+                done += batch.env_steps
+                steps += batch.env_steps
+            if first_call_s is None:
+                first_call_s = time.perf_counter() - call_start
+            elapsed = time.perf_counter() - start
+            progress.update(task, completed=min(done, total),
+                            rate=f"{steps / max(elapsed, 1e-9):,.0f} steps/s")
+    elapsed = time.perf_counter() - start
+    metrics = runner.get_metrics()
+    summary = {"env": args.env, "num_envs": args.num_envs, "env_steps": steps,
+               "wall_s": elapsed, "first_call_s (incl. compile)": first_call_s,
+               "env_steps_per_s": steps / max(elapsed, 1e-9),
+               "env_steps_per_s_after_compile": (
+                   (steps - args.num_envs * args.fragment) / max(elapsed - first_call_s, 1e-9)
+                   if steps > args.num_envs * args.fragment and not args.episodes else None)}
+    runner.stop()
+    if args.json:
+        print(json.dumps({"summary": summary, "metrics": metrics}, indent=1, default=str))
+    else:
+        out = Console()
+        out.print(_metrics_table({k: v for k, v in summary.items() if v is not None},
+                                 title="run summary"))
+        out.print(_metrics_table(metrics))
+    return 0
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from jaxrunner.envs.registry import gymnax_env_ids, make_jax_env, registered_env_names
+    from jaxrunner.envs.context import EnvContext
+    from jaxrunner.envs.spaces import to_gymnasium
+
+    table = Table(title="envs jaxrunner can run")
+    for column in ("env id", "source", "observation space", "action space"):
+        table.add_column(column)
+    for name, source in ([(n, "register_env") for n in registered_env_names()]
+                         + [(n, "gymnax") for n in gymnax_env_ids()]):
+        env, params, _ = make_jax_env(name, EnvContext())
+        table.add_row(name, source, str(to_gymnasium(env.observation_space(params))),
+                      str(to_gymnasium(env.action_space(params))))
+    Console().print(table)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from jaxrunner.benchmarking import run_throughput
+
+    try:
+        run_throughput(env_id=args.env, num_envs_list=args.num_envs, num_steps=args.num_steps,
+                       random_actions=args.random_actions, rounds=args.rounds,
+                       output=args.output)
+    except (ValueError, TypeError) as error:
+        raise UsageError(str(error).splitlines()[0]) from error
+    print(f"wrote {args.output}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    commands = {"sample": _cmd_sample, "envs": _cmd_envs, "bench": _cmd_bench}
+    try:
+        return commands[args.command](args)
+    except UsageError as error:
+        print(f"jaxrunner {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
