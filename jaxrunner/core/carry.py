@@ -45,6 +45,11 @@ class RolloutCarry:
     episode_count: jax.Array  # (B,) int32: index of the current episode on each sub-env
     episode_len: jax.Array  # (B,) int32: steps taken in the current episode (all calls)
     episode_return: jax.Array  # (B,) float32: return of the current episode so far
+    is_first: jax.Array  # (B,) bool: `obs` is the first observation of its episode
+    prev_action: jax.Array  # (B, *act_shape): last action taken (0 at episode start)
+    prev_reward: jax.Array  # (B,) float32: reward that came with `obs` (0 at episode start)
+    connector_state: Any  # (env-to-module state, module-to-env state) pytrees
+    module_state: Any  # recurrent module state, leaves (B, ...); {} if not recurrent
     vector_step: jax.Array  # () uint32: vector steps taken by this runner (mod 2**32)
     metrics: MetricRegisters
 

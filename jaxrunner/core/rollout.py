@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner.connectors.base import ConnectorContext
 from jaxrunner.core.carry import ChunkInfo, Lookback, MetricRegisters, RolloutCarry, Trajectory
 
 POLICY_MODES = ("explore", "inference", "random")
@@ -34,13 +35,14 @@ class RolloutSpec:
 
     env: Any  # gymnax-style env object
     module: Any  # jaxrunner RLModule
-    gymnax_action_space: Any  # the env's own (gymnax) action space, for random actions
     action_space: gym.spaces.Space  # gymnasium action space
+    env_action_dtype: Any  # dtype the env takes actions in
     num_envs: int
     chunk_len: int
     lookback_len: int
     metrics_window: int
-    actions_for_env: Callable[[jax.Array], jax.Array]
+    env_to_module: Any  # ConnectorPipeline: observations -> module inputs
+    module_to_env: Any  # ConnectorPipeline: module actions -> env actions
 
 
 class RolloutFns(NamedTuple):
@@ -52,9 +54,35 @@ class RolloutFns(NamedTuple):
     chunk: Callable[..., tuple[RolloutCarry, Lookback, Trajectory, ChunkInfo]]
 
 
+def sample_action_space(space: gym.spaces.Space, key: jax.Array, batch: int) -> jax.Array:
+    """`batch` uniform samples of a Discrete, MultiDiscrete or Box space (jittable).
+
+    Unbounded Box dimensions are drawn from a standard normal."""
+    if isinstance(space, gym.spaces.Discrete):
+        return (jax.random.randint(key, (batch,), 0, int(space.n), jnp.int32)
+                + jnp.int32(space.start))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        nvec = jnp.asarray(space.nvec, jnp.int32)
+        return jax.random.randint(key, (batch,) + nvec.shape, 0, nvec, jnp.int32)
+    if isinstance(space, gym.spaces.Box):
+        low = np.asarray(space.low, np.float32)
+        high = np.asarray(space.high, np.float32)
+        finite = np.isfinite(low) & np.isfinite(high)
+        uniform_key, normal_key = jax.random.split(key)
+        shape = (batch,) + tuple(space.shape)
+        uniform = jax.random.uniform(uniform_key, shape, jnp.float32,
+                                     jnp.where(finite, low, 0.0), jnp.where(finite, high, 1.0))
+        if finite.all():
+            return uniform
+        return jnp.where(finite, uniform, jax.random.normal(normal_key, shape, jnp.float32))
+    raise ValueError(f"Cannot sample random actions from {space}.")
+
+
 def _uniform_logp(action_space: gym.spaces.Space, batch: int) -> jax.Array:
     if isinstance(action_space, gym.spaces.Discrete):
         value = -math.log(action_space.n)
+    elif isinstance(action_space, gym.spaces.MultiDiscrete):
+        value = -float(np.sum(np.log(np.asarray(action_space.nvec, np.float64))))
     else:
         width = np.asarray(action_space.high, np.float64) - np.asarray(action_space.low,
                                                                          np.float64)
@@ -115,15 +143,19 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
         raise ValueError(f"mode must be one of {POLICY_MODES}, got {mode!r}.")
     env, module = spec.env, spec.module
     num_envs = spec.num_envs
-    dist_cls = module.action_dist_cls
-    dist_dim = dist_cls.required_input_dim(spec.action_space)
+    dist_dim = module.action_dist_input_dim
+    stateful = module.is_stateful()
     vmapped_reset = jax.vmap(env.reset, in_axes=(0, None))
     vmapped_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-    vmapped_sample = jax.vmap(spec.gymnax_action_space.sample)
+    batch_leaf = lambda x: jnp.broadcast_to(jnp.asarray(x), (num_envs,) + jnp.shape(x))  # noqa: E731
+
+    def initial_module_state():
+        return jax.tree.map(batch_leaf, module.get_initial_state())
 
     def init_carry(key: jax.Array, env_params: Any) -> RolloutCarry:
         key, reset_key = jax.random.split(key)
         obs, env_state = vmapped_reset(jax.random.split(reset_key, num_envs), env_params)
+        action = sample_action_space(spec.action_space, jax.random.key(0), num_envs)
         return RolloutCarry(
             env_state=env_state,
             obs=obs,
@@ -131,6 +163,12 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
             episode_count=jnp.zeros((num_envs,), jnp.int32),
             episode_len=jnp.zeros((num_envs,), jnp.int32),
             episode_return=jnp.zeros((num_envs,), jnp.float32),
+            is_first=jnp.ones((num_envs,), jnp.bool_),
+            prev_action=jnp.zeros_like(action),
+            prev_reward=jnp.zeros((num_envs,), jnp.float32),
+            connector_state=(spec.env_to_module.init_state(num_envs),
+                             spec.module_to_env.init_state(num_envs)),
+            module_state=initial_module_state(),
             vector_step=jnp.zeros((), jnp.uint32),
             metrics=MetricRegisters.create(spec.metrics_window),
         )
@@ -144,33 +182,55 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
             episode_count=carry.episode_count + 1,
             episode_len=jnp.zeros_like(carry.episode_len),
             episode_return=jnp.zeros_like(carry.episode_return),
+            is_first=jnp.ones_like(carry.is_first),
+            prev_action=jnp.zeros_like(carry.prev_action),
+            prev_reward=jnp.zeros_like(carry.prev_reward),
+            module_state=initial_module_state(),
         )
 
-    def act(params: Any, obs: Any, key: jax.Array) -> tuple[jax.Array, dict]:
+    def act(params: Any, carry: RolloutCarry, key: jax.Array):
+        """Env-to-module connectors, module, action distribution, module-to-env connectors."""
+        ctx = ConnectorContext(is_first=carry.is_first, prev_action=carry.prev_action,
+                               prev_reward=carry.prev_reward)
+        e2m_state, m2e_state = carry.connector_state
+        module_state = carry.module_state
         if mode == "random":
-            actions = vmapped_sample(jax.random.split(key, num_envs))
+            actions = sample_action_space(spec.action_space, key, num_envs)
             extras = {
                 "action_logp": _uniform_logp(spec.action_space, num_envs),
                 "action_dist_inputs": jnp.zeros((num_envs, dist_dim), jnp.float32),
             }
-            return actions, extras
-        if mode == "explore":
-            out = module.forward_exploration(params, {"obs": obs})
         else:
-            out = module.forward_inference(params, {"obs": obs})
-        dist_inputs = out["action_dist_inputs"]
-        dist = dist_cls.from_inputs(dist_inputs)
-        actions = dist.sample(key) if mode == "explore" else dist.deterministic_sample()
-        return actions, {"action_logp": dist.logp(actions),
-                         "action_dist_inputs": dist_inputs.astype(jnp.float32)}
+            e2m_state, module_obs = spec.env_to_module(e2m_state, carry.obs, ctx)
+            batch = {"obs": module_obs}
+            if stateful:
+                start = carry.is_first
+                batch["state_in"] = jax.tree.map(
+                    lambda init, cur: jnp.where(
+                        start.reshape((-1,) + (1,) * (cur.ndim - 1)), init, cur),
+                    initial_module_state(), module_state)
+            forward = (module.forward_exploration if mode == "explore"
+                       else module.forward_inference)
+            out = forward(params, batch)
+            dist_inputs = out["action_dist_inputs"]
+            dist = module.action_dist(dist_inputs)
+            actions = dist.sample(key) if mode == "explore" else dist.deterministic_sample()
+            extras = {"action_logp": dist.logp(actions).astype(jnp.float32),
+                      "action_dist_inputs": dist_inputs.astype(jnp.float32)}
+            if stateful:
+                module_state = out["state_out"]
+                extras["state_out"] = module_state
+        m2e_state, env_actions = spec.module_to_env(m2e_state, actions, ctx)
+        env_actions = jnp.asarray(env_actions).astype(spec.env_action_dtype)
+        return actions, env_actions, extras, (e2m_state, m2e_state), module_state
 
     def vector_step(carry: RolloutCarry, params: Any, env_params: Any
                     ) -> tuple[RolloutCarry, Trajectory]:
         key, act_key, step_key = jax.random.split(carry.key, 3)
-        actions, extras = act(params, carry.obs, act_key)
+        actions, env_actions, extras, connector_state, module_state = act(
+            params, carry, act_key)
         next_obs, env_state, reward, terminated, truncated, info = vmapped_step(
-            jax.random.split(step_key, num_envs), carry.env_state,
-            spec.actions_for_env(actions), env_params)
+            jax.random.split(step_key, num_envs), carry.env_state, env_actions, env_params)
         reward = jnp.asarray(reward, jnp.float32)
         terminated = jnp.asarray(terminated, jnp.bool_)
         truncated = jnp.asarray(truncated, jnp.bool_)
@@ -184,6 +244,11 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
             episode_count=carry.episode_count + done.astype(jnp.int32),
             episode_len=jnp.where(done, 0, episode_len),
             episode_return=jnp.where(done, 0.0, episode_return),
+            is_first=done,
+            prev_action=actions.astype(carry.prev_action.dtype),
+            prev_reward=jnp.where(done, 0.0, reward),
+            connector_state=connector_state,
+            module_state=module_state,
             vector_step=carry.vector_step + jnp.uint32(1),
         )
         record = Trajectory(

@@ -43,12 +43,15 @@ def batched_space(space: gym.spaces.Space, num_envs: int) -> gym.spaces.Space:
 
 
 def action_dtype(space: Any):
-    """The dtype actions of `space` are sent to the env in."""
-    if isinstance(space, gx.Discrete):
+    """The dtype actions of `space` (gymnax or gymnasium) are sent to the env in."""
+    if isinstance(space, (gx.Discrete, gx.Box)):
         return jnp.dtype(space.dtype)
-    if isinstance(space, gx.Box):
-        return jnp.dtype(space.dtype)
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return jnp.dtype(jnp.int32)
+    if isinstance(space, gym.spaces.Box):
+        return jnp.dtype(jnp.float32) if np.issubdtype(space.dtype, np.floating) else jnp.dtype(
+            jnp.int32)
     raise TypeError(
-        f"Unsupported action space {space!r}: the default module acts in Discrete and Box "
-        "spaces."
+        f"Unsupported action space {space!r}: jaxrunner acts in Discrete, MultiDiscrete and "
+        "Box spaces."
     )

@@ -112,7 +112,7 @@ class EpisodeBatch(Sequence):
                 if self.mode == "episodes" and not finished:
                     continue
                 steps = slice(s, e)
-                pick = lambda x: x[steps, b]  # noqa: E731
+                pick = lambda tree: jax.tree.map(lambda x: x[steps, b], tree)  # noqa: E731
                 observations = jax.tree.map(
                     lambda o, f: np.concatenate([o[steps, b], f[e - 1, b][None]], axis=0),
                     traj.obs, traj.final_obs)
@@ -136,7 +136,8 @@ class EpisodeBatch(Sequence):
                     lookback_actions=lookback.actions[lb, b],
                     lookback_rewards=lookback.rewards[lb, b],
                     lookback_extra_model_outputs={
-                        n: v[lb, b] for n, v in lookback.extra_model_outputs.items()},
+                        n: jax.tree.map(lambda x: x[lb, b], v)
+                        for n, v in lookback.extra_model_outputs.items()},
                     observation_space=self.observation_space,
                     action_space=self.action_space,
                 )

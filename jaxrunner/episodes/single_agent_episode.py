@@ -67,7 +67,7 @@ class SingleAgentEpisode:
                                  else rewards[:0])
         self.lookback_extra_model_outputs = (
             lookback_extra_model_outputs if lookback_extra_model_outputs is not None
-            else {k: v[:0] for k, v in self.extra_model_outputs.items()})
+            else {k: _take(v, slice(0, 0)) for k, v in self.extra_model_outputs.items()})
         self.observation_space = observation_space
         self.action_space = action_space
         self.agent_id = agent_id
@@ -149,9 +149,9 @@ class SingleAgentEpisode:
                 "len(rewards) + 1."
             )
         for name, values in self.extra_model_outputs.items():
-            if len(values) != len(self.actions):
+            if _length(values) != len(self.actions):
                 raise AssertionError(
-                    f"Episode {self.id_}: extra_model_outputs[{name!r}] has {len(values)} "
+                    f"Episode {self.id_}: extra_model_outputs[{name!r}] has {_length(values)} "
                     f"entries, expected {len(self.actions)}."
                 )
         n_lookback = len(self.lookback_rewards)
@@ -185,7 +185,7 @@ class SingleAgentEpisode:
                                     other.observations)
         self.actions = np.concatenate([self.actions, other.actions])
         self.rewards = np.concatenate([self.rewards, other.rewards])
-        self.extra_model_outputs = {k: np.concatenate([v, other.extra_model_outputs[k]])
+        self.extra_model_outputs = {k: _concat(v, other.extra_model_outputs[k])
                                     for k, v in self.extra_model_outputs.items()}
         self.is_terminated = other.is_terminated
         self.is_truncated = other.is_truncated
@@ -201,18 +201,19 @@ class SingleAgentEpisode:
         all_rewards = np.concatenate([self.lookback_rewards, self.rewards])
         n = min(len_lookback_buffer, len(all_actions))
         tail = slice(len(all_actions) - n, len(all_actions))
-        extras = {k: np.concatenate([self.lookback_extra_model_outputs[k], v])
+        extras = {k: _concat(self.lookback_extra_model_outputs[k], v)
                   for k, v in self.extra_model_outputs.items()}
         return SingleAgentEpisode(
             self.id_,
             observations=_take(all_obs, slice(-1, None)),
             actions=self.actions[:0], rewards=self.rewards[:0],
-            extra_model_outputs={k: v[:0] for k, v in self.extra_model_outputs.items()},
+            extra_model_outputs={k: _take(v, slice(0, 0))
+                                 for k, v in self.extra_model_outputs.items()},
             t_started=self.t,
             lookback_observations=_take(all_obs, slice(_length(all_obs) - 1 - n,
                                                        _length(all_obs) - 1)),
             lookback_actions=all_actions[tail], lookback_rewards=all_rewards[tail],
-            lookback_extra_model_outputs={k: v[tail] for k, v in extras.items()},
+            lookback_extra_model_outputs={k: _take(v, tail) for k, v in extras.items()},
             observation_space=self.observation_space, action_space=self.action_space,
             agent_id=self.agent_id, module_id=self.module_id)
 
@@ -230,8 +231,9 @@ class SingleAgentEpisode:
             actions=list(np.concatenate([self.lookback_actions, self.actions])),
             rewards=list(np.concatenate([self.lookback_rewards, self.rewards])),
             extra_model_outputs={
-                k: list(np.concatenate([self.lookback_extra_model_outputs[k], v]))
-                for k, v in self.extra_model_outputs.items()},
+                k: [_take(joined, i) for i in range(_length(joined))]
+                for k, joined in ((k, _concat(self.lookback_extra_model_outputs[k], v))
+                                  for k, v in self.extra_model_outputs.items())},
             terminated=self.is_terminated,
             truncated=self.is_truncated,
             t_started=self.t_started,

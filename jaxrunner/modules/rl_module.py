@@ -1,10 +1,19 @@
 """RLModules: pure Flax policies over an explicit params pytree.
 
-An `RLModule` is stateless: `init(key)` returns its params, and the three forward passes
-are pure functions of `(params, batch)`, so the rollout can call them inside `lax.scan`.
-A batch is a dict with `"obs"` of shape `(B, *obs_shape)`; the passes return a dict with
-`"action_dist_inputs"` of shape `(B, D)` (and `"vf_preds"` `(B,)` from `forward_train` of a
-full module). The action distribution class turns `action_dist_inputs` into actions.
+An `RLModule` is stateless Python: `init(key)` returns its params, and the three forward
+passes are pure functions of `(params, batch)`, so the rollout calls them inside
+`lax.scan`. A batch is a dict with `"obs"` of shape `(B, *obs_shape)` (the observation
+after the env-to-module connectors) and, for a recurrent module, `"state_in"` (a pytree
+with leaves `(B, ...)`). The passes return a dict with `"action_dist_inputs"` `(B, D)`,
+`"state_out"` for a recurrent module, and `"vf_preds"` `(B,)` from `forward_train` of a
+full (not `inference_only`) module.
+
+Three ways to write one:
+
+* subclass `RLModule` and implement `init` and `_forward` (any JAX code);
+* subclass `LinenRLModule` and return a `flax.linen` network from `make_network()`;
+* subclass `NNXRLModule` and return a `flax.nnx` model from `make_model(rngs)`; it is
+  split once into graph and state, and merged inside the compiled rollout.
 """
 
 from __future__ import annotations
@@ -32,9 +41,12 @@ _ACTIVATIONS = {
 class RLModule(abc.ABC):
     """A policy (and optionally value) network with pure forward passes.
 
-    Subclasses set `observation_space` / `action_space` (gymnasium spaces) in `__init__`
-    and implement `init` and `_forward`. `action_dist_cls` defaults to the distribution
-    for the action space (`Categorical` for Discrete, `DiagGaussian` for Box).
+    Subclasses implement `init` and `_forward`. `action_dist_cls` defaults to the
+    distribution for the action space (`Categorical`, `MultiCategorical`,
+    `DiagGaussian`); set it in `__init__` to use another (e.g. `SquashedGaussian`).
+    A recurrent module overrides `get_initial_state()` (one sub-env's state, no batch
+    axis); the runner feeds `batch["state_in"]`, resets it at episode starts and carries
+    `out["state_out"]` to the next step and across `sample()` calls.
     """
 
     def __init__(self, observation_space: gym.spaces.Space, action_space: gym.spaces.Space,
@@ -50,18 +62,18 @@ class RLModule(abc.ABC):
         """Returns freshly initialised params (a pytree of arrays)."""
 
     @abc.abstractmethod
-    def _forward(self, params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    def _forward(self, params: Any, batch: dict[str, Any]) -> dict[str, Any]:
         """Returns at least `{"action_dist_inputs": (B, D)}`."""
 
-    def forward_inference(self, params: Any, batch: dict[str, jax.Array]) -> dict:
+    def forward_inference(self, params: Any, batch: dict[str, Any]) -> dict:
         """Acting without exploration (the runner takes the deterministic action)."""
         return self._forward(params, batch)
 
-    def forward_exploration(self, params: Any, batch: dict[str, jax.Array]) -> dict:
+    def forward_exploration(self, params: Any, batch: dict[str, Any]) -> dict:
         """Acting with exploration (the runner samples from the distribution)."""
         return self._forward(params, batch)
 
-    def forward_train(self, params: Any, batch: dict[str, jax.Array]) -> dict:
+    def forward_train(self, params: Any, batch: dict[str, Any]) -> dict:
         """Outputs a learner needs (subclasses add `vf_preds`)."""
         return self._forward(params, batch)
 
@@ -69,13 +81,44 @@ class RLModule(abc.ABC):
         """Keeps from `params` (possibly of a full module) what this module acts with."""
         return params
 
+    def get_initial_state(self) -> Any:
+        """Recurrent state of one sub-env at an episode start; `{}` if not recurrent."""
+        return {}
+
+    def is_stateful(self) -> bool:
+        return bool(jax.tree.leaves(self.get_initial_state()))
+
+    # Distribution helpers the rollout uses.
+    def action_dist(self, inputs: jax.Array):
+        """The action distribution for `action_dist_inputs` `(B, D)`."""
+        cls = self.action_dist_cls
+        if hasattr(cls, "for_space"):
+            return cls.for_space(self.action_space)(inputs)
+        return cls.from_inputs(inputs)
+
+    @property
+    def action_dist_input_dim(self) -> int:
+        return int(self.action_dist_cls.required_input_dim(self.action_space))
+
 
 def preprocess_observations(obs: jax.Array, space: gym.spaces.Space) -> jax.Array:
     """(B, *obs_shape) -> (B, F) float32: one-hot for Discrete, flatten for Box."""
     if isinstance(space, gym.spaces.Discrete):
         return jax.nn.one_hot(obs.astype(jnp.int32), int(space.n), dtype=jnp.float32)
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        raise ValueError(
+            f"The default module takes array observations, not {type(space).__name__} "
+            "spaces; keep the default env-to-module connectors (they flatten Dict and Tuple "
+            "observations) or add jaxrunner.connectors.FlattenObservations."
+        )
     batch = obs.shape[0]
     return obs.reshape(batch, -1).astype(jnp.float32)
+
+
+def flat_dim(space: gym.spaces.Space) -> int:
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    return int(math.prod(space.shape))
 
 
 class _MLP(nn.Module):
@@ -108,11 +151,10 @@ class DefaultMLPModule(RLModule):
         super().__init__(observation_space, action_space, model_config, inference_only)
         hiddens = tuple(self.model_config.get("fcnet_hiddens", (256, 256)))
         activation = self.model_config.get("fcnet_activation", "tanh")
-        self._obs_dim = int(math.prod(
-            (observation_space.n,) if isinstance(observation_space, gym.spaces.Discrete)
-            else observation_space.shape))
-        out_dim = self.action_dist_cls.required_input_dim(action_space)
-        self._pi = _MLP(hiddens, activation, out_dim, 0.01)
+        if isinstance(observation_space, (gym.spaces.Dict, gym.spaces.Tuple)):
+            preprocess_observations(None, observation_space)  # raises the explanation
+        self._obs_dim = flat_dim(observation_space)
+        self._pi = _MLP(hiddens, activation, self.action_dist_input_dim, 0.01)
         self._vf = None if inference_only else _MLP(hiddens, activation, 1, 1.0)
 
     def init(self, key: jax.Array) -> Any:
@@ -140,6 +182,86 @@ class DefaultMLPModule(RLModule):
         return params
 
 
+def _as_outputs(result: Any) -> dict[str, Any]:
+    if isinstance(result, dict):
+        return dict(result)
+    return {"action_dist_inputs": result}
+
+
+class LinenRLModule(RLModule):
+    """A module around a `flax.linen` network.
+
+    Subclasses implement `make_network()`, returning a linen module whose
+    `__call__(obs)` (obs `(B, *obs_shape)`) returns the `action_dist_inputs` `(B, D)` or a
+    dict with them (and optionally `"vf_preds"`). Params are the network's `"params"`.
+    """
+
+    def __init__(self, observation_space, action_space, model_config=None,
+                 inference_only=False):
+        super().__init__(observation_space, action_space, model_config, inference_only)
+        self.network = self.make_network()
+
+    @abc.abstractmethod
+    def make_network(self) -> nn.Module:
+        """The linen network (built once)."""
+
+    def _dummy_obs(self) -> jax.Array:
+        return jnp.zeros((1,) + tuple(self.observation_space.shape),
+                         self.observation_space.dtype)
+
+    def init(self, key: jax.Array) -> Any:
+        return self.network.init(key, self._dummy_obs())["params"]
+
+    def _forward(self, params, batch):
+        out = _as_outputs(self.network.apply({"params": params}, batch["obs"]))
+        if self.inference_only:
+            out.pop("vf_preds", None)
+        return out
+
+
+class NNXRLModule(RLModule):
+    """A module around a `flax.nnx` model, split once into graph and params.
+
+    Subclasses implement `make_model(rngs)`, returning an `nnx.Module` whose
+    `__call__(obs)` returns the `action_dist_inputs` `(B, D)` or a dict with them. The
+    model is split once with `nnx.split`; params are `nnx.to_pure_dict(state)` (a plain
+    nested dict of arrays); each forward pass merges graph and params inside the compiled
+    rollout, so no Python graph traversal happens per step.
+    """
+
+    def __init__(self, observation_space, action_space, model_config=None,
+                 inference_only=False):
+        super().__init__(observation_space, action_space, model_config, inference_only)
+        from flax import nnx
+
+        self._nnx = nnx
+        model = self.make_model(nnx.Rngs(0))
+        self._graphdef, state = nnx.split(model)
+        self._abstract_state = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+    @abc.abstractmethod
+    def make_model(self, rngs) -> Any:
+        """The nnx model (built once per `init`)."""
+
+    def init(self, key: jax.Array) -> Any:
+        seed = jax.random.randint(key, (), 0, 2**31 - 1)
+        model = self.make_model(self._nnx.Rngs(int(seed)))
+        _, state = self._nnx.split(model)
+        return self._nnx.to_pure_dict(state)
+
+    def _merge(self, params: Any):
+        state = jax.tree.map(lambda x: x, self._abstract_state)
+        self._nnx.replace_by_pure_dict(state, params)
+        return self._nnx.merge(self._graphdef, state)
+
+    def _forward(self, params, batch):
+        out = _as_outputs(self._merge(params)(batch["obs"]))
+        if self.inference_only:
+            out.pop("vf_preds", None)
+        return out
+
+
 @dataclasses.dataclass
 class RLModuleSpec:
     """How to build an RLModule (RLlib's `RLModuleSpec`).
@@ -147,7 +269,8 @@ class RLModuleSpec:
     Args:
         module_class: an `RLModule` subclass taking `(observation_space, action_space,
             model_config, inference_only)`. Defaults to `DefaultMLPModule`.
-        observation_space, action_space: gymnasium spaces; filled from the env if None.
+        observation_space, action_space: gymnasium spaces; filled from the env (after the
+            env-to-module connectors) if None.
         model_config: passed to the module.
         inference_only: build only what acting needs (no value head).
     """
@@ -167,8 +290,8 @@ class RLModuleSpec:
         module_class = self.module_class or DefaultMLPModule
         if not (isinstance(module_class, type) and issubclass(module_class, RLModule)):
             raise TypeError(
-                f"RLModuleSpec.module_class must be a subclass of jaxrunner.RLModule, got "
-                f"{module_class!r}."
+                f"RLModuleSpec.module_class must be a subclass of jaxrunner.RLModule "
+                f"(e.g. LinenRLModule or NNXRLModule), got {module_class!r}."
             )
         return module_class(self.observation_space, self.action_space,
                             dict(self.model_config or {}), self.inference_only)

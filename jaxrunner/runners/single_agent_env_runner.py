@@ -13,14 +13,18 @@ import os
 import time
 from typing import Any
 
+import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner.config import RunnerConfig
-from jaxrunner.connectors.actions import make_actions_for_env
+from jaxrunner.connectors.base import ConnectorContext, ConnectorPipeline, call_factory
+from jaxrunner.connectors.env_to_module import default_env_to_module_pieces
+from jaxrunner.connectors.module_to_env import NormalizeAndClipActions
 from jaxrunner.core.carry import Lookback, RolloutCarry
-from jaxrunner.core.rollout import NO_EPISODE_LIMIT, RolloutSpec, make_rollout_fns
+from jaxrunner.core.rollout import (NO_EPISODE_LIMIT, RolloutSpec, make_rollout_fns,
+                                   sample_action_space)
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.registry import make_jax_env
 from jaxrunner.envs.spaces import action_dtype, batched_space, to_gymnasium
@@ -131,25 +135,25 @@ class SingleAgentEnvRunner(EnvRunner):
             context = EnvContext(cfg.env_config, worker_index=self.worker_index,
                                  num_workers=self.num_workers)
         env, env_params, name = make_jax_env(cfg.env, context)
-        obs_space_gx = env.observation_space(env_params)
         act_space_gx = env.action_space(env_params)
-        self._gymnax_action_space = act_space_gx
-        self.observation_space = to_gymnasium(obs_space_gx)
+        self.observation_space = to_gymnasium(env.observation_space(env_params))
         self.action_space = to_gymnasium(act_space_gx)
         self._env_action_dtype = action_dtype(act_space_gx)
-        self._check_env_jits(env, env_params, act_space_gx, name)
+        self._check_env_jits(env, env_params, name)
         self.env, self.env_params, self.env_name = env, env_params, name
         self._carry = None
         self._needs_reset = True
         self._compiled = {}
+        if self.module is not None:
+            self.make_module()
 
-    def _check_env_jits(self, env, env_params, act_space_gx, name: str) -> None:
+    def _check_env_jits(self, env, env_params, name: str) -> None:
         key = jax.random.key(0)
+        action = jax.eval_shape(lambda k: sample_action_space(self.action_space, k, 1)[0], key)
         try:
             obs, state = jax.eval_shape(env.reset, key, env_params)
-            action = jax.eval_shape(act_space_gx.sample, key)
-            jax.eval_shape(env.step, key, state, jnp.zeros(action.shape, action.dtype),
-                           env_params)
+            jax.eval_shape(env.step, key, state,
+                           jnp.zeros(action.shape, self._env_action_dtype), env_params)
         except Exception as error:  # noqa: BLE001 - re-raised with context
             raise TypeError(
                 f"The env {name!r} cannot be traced by JAX ({type(error).__name__}: {error}). "
@@ -159,16 +163,83 @@ class SingleAgentEnvRunner(EnvRunner):
                 "on arrays."
             ) from error
 
+    def _build_connectors(self) -> None:
+        """The env-to-module and module-to-env pipelines (RLlib's `env_runners()` flags).
+
+        env-to-module: [FlattenObservations for Dict/Tuple spaces (default), *user pieces].
+        module-to-env: [*user pieces, NormalizeAndClipActions (default)].
+        """
+        cfg = self.config
+        env_to_module, module_to_env = [], []
+        if self.env is not None:
+            spaces = self.get_spaces(env_only=True)
+            if cfg.add_default_connectors_to_env_to_module_pipeline:
+                env_to_module += default_env_to_module_pieces(self.observation_space)
+            if cfg.env_to_module_connector is not None:
+                env_to_module += call_factory(cfg.env_to_module_connector, self.env, spaces)
+            if cfg.module_to_env_connector is not None:
+                module_to_env += call_factory(cfg.module_to_env_connector, self.env, spaces)
+            if cfg.add_default_connectors_to_module_to_env_pipeline:
+                module_to_env.append(NormalizeAndClipActions(
+                    self.action_space, normalize_actions=cfg.normalize_actions,
+                    clip_actions=cfg.clip_actions, env_dtype=self._env_action_dtype))
+        self.env_to_module = ConnectorPipeline(env_to_module)
+        self.module_to_env = ConnectorPipeline(module_to_env)
+        if self.env is not None:
+            self.module_observation_space = self.env_to_module.recompute_observation_space(
+                self.observation_space)
+            self._check_connectors()
+        else:
+            self.module_observation_space = self.spaces[DEFAULT_MODULE_ID][0]
+
+    def _check_connectors(self) -> None:
+        """Both pipelines must keep the batch axis and produce what the spaces say."""
+        num_envs = self.num_envs
+        key = jax.random.key(0)
+        obs = jax.eval_shape(
+            lambda k: jax.vmap(self.env.reset, in_axes=(0, None))(
+                jax.random.split(k, num_envs), self.env_params)[0], key)
+        action = jax.eval_shape(lambda k: sample_action_space(self.action_space, k, num_envs),
+                                key)
+        ctx = ConnectorContext(is_first=jax.ShapeDtypeStruct((num_envs,), jnp.bool_),
+                               prev_action=action,
+                               prev_reward=jax.ShapeDtypeStruct((num_envs,), jnp.float32))
+        for name, pipeline, x, expected in (
+                ("env_to_module", self.env_to_module, obs,
+                 (num_envs,) + tuple(self.module_observation_space.shape or ())),
+                ("module_to_env", self.module_to_env, action, action.shape)):
+            try:
+                _, out = jax.eval_shape(pipeline, pipeline.init_state(num_envs), x, ctx)
+            except Exception as error:  # noqa: BLE001 - re-raised with context
+                raise ValueError(
+                    f"The {name} connector pipeline {pipeline!r} fails on a batch of "
+                    f"{num_envs} ({type(error).__name__}: {error})."
+                ) from error
+            shapes = {tuple(leaf.shape) for leaf in jax.tree.leaves(out)}
+            if name == "env_to_module" and isinstance(
+                    self.module_observation_space, (gym.spaces.Dict, gym.spaces.Tuple)):
+                ok = all(s[:1] == (num_envs,) for s in shapes)
+            else:
+                ok = shapes == {tuple(expected)}
+            if not ok:
+                raise ValueError(
+                    f"The {name} connector pipeline {pipeline!r} turns a batch of {num_envs} "
+                    f"into shape(s) {sorted(shapes)}, expected {tuple(expected)}: every piece "
+                    "must keep the leading batch axis and produce the shape its "
+                    "recompute_observation_space() declares."
+                )
+
     def make_module(self) -> None:
-        """Builds the inference-only module for the env's spaces and checks its output."""
+        """Builds the connector pipelines and the inference-only module for the spaces the
+        module sees (after the env-to-module connectors), and checks the module's output."""
         cfg = self.config
         if self.env is None and self.spaces is None:
             self.module = None
             return
-        if self.env is not None:
-            obs_space, act_space = self.observation_space, self.action_space
-        else:
-            obs_space, act_space = self.spaces[DEFAULT_MODULE_ID]
+        self._build_connectors()
+        obs_space = self.module_observation_space
+        act_space = self.action_space if self.env is not None else self.spaces[
+            DEFAULT_MODULE_ID][1]
         spec = cfg.rl_module_spec or RLModuleSpec()
         if not isinstance(spec, RLModuleSpec):
             raise TypeError(
@@ -187,14 +258,24 @@ class SingleAgentEnvRunner(EnvRunner):
         self.module = module
         self._params = jax.device_put(params)
         self._compiled = {}
+        self._carry = None
+        self._needs_reset = True
 
     def _check_module_fits(self, module, params, obs_space, act_space) -> None:
         dist_cls = module.action_dist_cls
-        needed = dist_cls.required_input_dim(act_space)
-        obs = jax.ShapeDtypeStruct((self.num_envs,) + tuple(obs_space.shape),
-                                   np.dtype(obs_space.dtype))
+        needed = module.action_dist_input_dim
+        obs = jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct((self.num_envs,) + tuple(s.shape), np.dtype(s.dtype)),
+            obs_space, is_leaf=lambda s: isinstance(s, gym.spaces.Space)
+            and not isinstance(s, (gym.spaces.Dict, gym.spaces.Tuple)))
+        batch = {"obs": obs}
+        if module.is_stateful():
+            batch["state_in"] = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct((self.num_envs,) + jnp.shape(x),
+                                               jnp.asarray(x).dtype),
+                module.get_initial_state())
         try:
-            out = jax.eval_shape(module.forward_exploration, params, {"obs": obs})
+            out = jax.eval_shape(module.forward_exploration, params, batch)
         except Exception as error:  # noqa: BLE001 - re-raised with context
             raise ValueError(
                 f"The module {type(module).__name__} fails on a batch of observations of "
@@ -218,13 +299,11 @@ class SingleAgentEnvRunner(EnvRunner):
         """The rollout functions for `mode`, jitted once per runner build."""
         if mode not in self._compiled:
             spec = RolloutSpec(
-                env=self.env, module=self.module, gymnax_action_space=self._gymnax_action_space,
-                action_space=self.action_space, num_envs=self.num_envs,
+                env=self.env, module=self.module, action_space=self.action_space,
+                env_action_dtype=self._env_action_dtype, num_envs=self.num_envs,
                 chunk_len=self._chunk_len(), lookback_len=self.config.episode_lookback_horizon,
                 metrics_window=self.config.metrics_window,
-                actions_for_env=make_actions_for_env(
-                    self.action_space, normalize_actions=self.config.normalize_actions,
-                    clip_actions=self.config.clip_actions, env_dtype=self._env_action_dtype),
+                env_to_module=self.env_to_module, module_to_env=self.module_to_env,
             )
             fns = make_rollout_fns(spec, mode)
             self._compiled[mode] = {
@@ -413,10 +492,14 @@ class SingleAgentEnvRunner(EnvRunner):
         if selected(COMPONENT_RL_MODULE) and self._params is not None:
             state[COMPONENT_RL_MODULE] = jax.device_get(self._params)
             state["weights_seq_no"] = self._weights_seq_no
-        if selected(COMPONENT_ENV_TO_MODULE_CONNECTOR):
-            state[COMPONENT_ENV_TO_MODULE_CONNECTOR] = {}
-        if selected(COMPONENT_MODULE_TO_ENV_CONNECTOR):
-            state[COMPONENT_MODULE_TO_ENV_CONNECTOR] = {}
+        for index, (name, pipeline) in enumerate(self._pipelines()):
+            if selected(name):
+                if self.env is not None:
+                    self._ensure_carry()
+                    state[name] = jax.device_get(
+                        pipeline.get_state(self._carry.connector_state[index]))
+                else:
+                    state[name] = {}
         if selected(COMPONENT_CARRY) and self.env is not None:
             self._ensure_carry()
             carry, lookback = jax.device_get(
@@ -443,12 +526,6 @@ class SingleAgentEnvRunner(EnvRunner):
                 f"set_state: unknown keys {sorted(unknown)}; expected some of "
                 f"{sorted(_STATE_KEYS)}."
             )
-        for name in (COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR):
-            if name in state and state[name] not in ({}, None):
-                raise StateStructureError(
-                    f"set_state: {name} carries state {state[name]!r}, but this runner's "
-                    "pipeline has no stateful connectors."
-                )
         # Validate everything before changing anything.
         new_params, seq = None, int(state.get("weights_seq_no", 0) or 0)
         if COMPONENT_RL_MODULE in state and (seq == 0 or seq > self._weights_seq_no):
@@ -485,6 +562,21 @@ class SingleAgentEnvRunner(EnvRunner):
                 impl=carry_state.get("key_impl", None) or jax.random.key_impl(self._carry.key))
             new_carry = (jax.device_put(carry_state["carry"].replace(key=None)).replace(key=key),
                          jax.device_put(carry_state["lookback"]))
+        connector_updates = {}
+        for index, (name, pipeline) in enumerate(self._pipelines()):
+            saved = state.get(name)
+            if not saved:
+                continue
+            if self.env is None:
+                raise StateStructureError(
+                    f"set_state: this runner has no env, so no {name} to restore.")
+            if not isinstance(saved, dict):
+                raise StateStructureError(
+                    f"set_state: {name} must be the dict get_state() returns, got "
+                    f"{type(saved).__name__}.")
+            self._ensure_carry()
+            base = (new_carry[0] if new_carry is not None else self._carry).connector_state
+            connector_updates[index] = pipeline.set_state(base[index], saved)
         # Apply.
         if new_params is not None:
             self._params = new_params
@@ -497,20 +589,44 @@ class SingleAgentEnvRunner(EnvRunner):
             self._carry, self._lookback = new_carry
             self._needs_reset = bool(carry_state["needs_reset"])
             self._metrics.set_state(carry_state["metrics"])
+        if connector_updates:
+            states = list(self._carry.connector_state)
+            for index, value in connector_updates.items():
+                states[index] = jax.tree.map(jnp.asarray, value)
+            self._carry = self._carry.replace(connector_state=tuple(states))
+
+    def _pipelines(self) -> list[tuple[str, ConnectorPipeline]]:
+        return [(COMPONENT_ENV_TO_MODULE_CONNECTOR, self.env_to_module),
+                (COMPONENT_MODULE_TO_ENV_CONNECTOR, self.module_to_env)]
+
+    def merge_connector_states(self, states: list[dict]) -> dict:
+        """Combines several runners' connector components (from `get_state`) into one,
+        e.g. mean-std statistics of the union of their samples."""
+        out = {}
+        for name, pipeline in self._pipelines():
+            parts = [s[name] for s in states if s.get(name)]
+            if parts:
+                out[name] = pipeline.merge_states(parts)
+        return out
 
     # ------------------------------------------------------------------ the rest
-    def get_spaces(self) -> dict[str, tuple]:
-        """`__env__` (batched), `__env_single__` and `default_policy` spaces (gymnasium)."""
+    def get_spaces(self, env_only: bool = False) -> dict[str, tuple]:
+        """`__env__` (batched), `__env_single__` and `default_policy` spaces (gymnasium).
+
+        The `default_policy` observation space is the one the module sees: after the
+        env-to-module connectors, as in RLlib."""
         if self.env is None:
             if self.spaces is None:
                 raise ValueError("This runner has neither an env nor spaces given to it.")
             return dict(self.spaces)
-        return {
+        spaces = {
             "__env__": (batched_space(self.observation_space, self.num_envs),
                         batched_space(self.action_space, self.num_envs)),
             "__env_single__": (self.observation_space, self.action_space),
-            DEFAULT_MODULE_ID: (self.observation_space, self.action_space),
         }
+        if not env_only:
+            spaces[DEFAULT_MODULE_ID] = (self.module_observation_space, self.action_space)
+        return spaces
 
     def assert_healthy(self) -> None:
         if self._stopped:

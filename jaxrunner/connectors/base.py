@@ -1,0 +1,164 @@
+"""Connector pieces and pipelines: pure functions with state in the rollout carry.
+
+A connector piece transforms a batch of `B` sub-envs at each vector step, inside the
+compiled rollout:
+
+* env-to-module pieces map observations `(B, *obs_shape)` to what the module sees;
+* module-to-env pieces map actions `(B, *act_shape)` to what the env receives.
+
+Each piece is a `ConnectorV2` with pure methods: `init_state(num_envs)` (its state in the
+carry: per-sub-env buffers and/or statistics), `__call__(state, x, ctx) -> (state, x)`,
+`recompute_observation_space(space)`, and the host-facing `get_state(state)` /
+`set_state(state, saved)` / `merge_states(saved_list)` for the part of its state that is
+shared across runners (RLlib's connector state: e.g. mean-std statistics). Per-episode
+buffers (stacked frames, previous actions) travel with the runner's carry instead.
+
+`ctx` is a `ConnectorContext` with `is_first` `(B,)` bool (this observation starts an
+episode), `prev_action` `(B, *act_shape)` and `prev_reward` `(B,)` (zeros at episode start).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Sequence
+
+import gymnasium as gym
+import jax
+from flax import struct
+
+
+@struct.dataclass
+class ConnectorContext:
+    """Per-step facts connectors may use (all `(B, ...)`)."""
+
+    is_first: jax.Array  # (B,) bool: the observation is the first of its episode
+    prev_action: jax.Array  # (B, *act_shape): action before this observation (0 at start)
+    prev_reward: jax.Array  # (B,) float32: reward that came with this observation (0 at start)
+
+
+class ConnectorV2:
+    """Base class of connector pieces (pure; see the module docstring)."""
+
+    def recompute_observation_space(self, space: gym.spaces.Space) -> gym.spaces.Space:
+        """The observation space after this piece (env-to-module pieces)."""
+        return space
+
+    def init_state(self, num_envs: int) -> Any:
+        """Initial state in the carry (pytree of arrays; `()` when stateless)."""
+        return ()
+
+    def __call__(self, state: Any, x: Any, ctx: ConnectorContext) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def get_state(self, state: Any) -> dict[str, Any]:
+        """The runner-shared part of `state` (RLlib's connector state); `{}` if none."""
+        return {}
+
+    def set_state(self, state: Any, saved: dict[str, Any]) -> Any:
+        """`state` with the shared part replaced by `saved` (from `get_state`)."""
+        return state
+
+    def merge_states(self, saved_states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Combines several runners' `get_state()` outputs into one."""
+        return dict(saved_states[0]) if saved_states else {}
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+
+class ConnectorPipeline(ConnectorV2):
+    """Pieces applied in order; its state is the tuple of the pieces' states."""
+
+    def __init__(self, pieces: Sequence[ConnectorV2] = ()):
+        for piece in pieces:
+            if not isinstance(piece, ConnectorV2):
+                raise TypeError(
+                    f"Connector pipelines take jaxrunner.connectors.ConnectorV2 pieces, got "
+                    f"{piece!r}. Subclass ConnectorV2 and implement __call__(state, x, ctx)."
+                )
+        self.pieces = list(pieces)
+
+    def _names(self) -> list[str]:
+        names, seen = [], {}
+        for piece in self.pieces:
+            count = seen.get(piece.name, 0)
+            seen[piece.name] = count + 1
+            names.append(piece.name if count == 0 else f"{piece.name}_{count}")
+        return names
+
+    def recompute_observation_space(self, space):
+        for piece in self.pieces:
+            space = piece.recompute_observation_space(space)
+        return space
+
+    def init_state(self, num_envs: int):
+        return tuple(piece.init_state(num_envs) for piece in self.pieces)
+
+    def __call__(self, state, x, ctx):
+        new_state = []
+        for piece, piece_state in zip(self.pieces, state):
+            piece_state, x = piece(piece_state, x, ctx)
+            new_state.append(piece_state)
+        return tuple(new_state), x
+
+    def get_state(self, state):
+        out = {}
+        for name, piece, piece_state in zip(self._names(), self.pieces, state):
+            saved = piece.get_state(piece_state)
+            if saved:
+                out[name] = saved
+        return out
+
+    def set_state(self, state, saved):
+        unknown = set(saved) - set(self._names())
+        if unknown:
+            from jaxrunner.errors import StateStructureError
+
+            raise StateStructureError(
+                f"set_state: connector state for {sorted(unknown)}, but this pipeline has "
+                f"{self._names()}."
+            )
+        return tuple(piece.set_state(piece_state, saved[name]) if name in saved
+                     else piece_state
+                     for name, piece, piece_state in zip(self._names(), self.pieces, state))
+
+    def merge_states(self, saved_states):
+        out = {}
+        for name, piece in zip(self._names(), self.pieces):
+            parts = [s[name] for s in saved_states if name in s]
+            if parts:
+                out[name] = piece.merge_states(parts)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def __repr__(self) -> str:
+        return f"ConnectorPipeline({self._names()})"
+
+
+def call_factory(factory: Any, env: Any, spaces: dict) -> list[ConnectorV2]:
+    """Calls a user connector factory as RLlib does (`factory(env, spaces, device)`,
+    also accepting `factory(env, spaces)`, `factory(env)` or `factory()`), and returns the
+    pieces as a list."""
+    try:
+        params = [p for p in inspect.signature(factory).parameters.values()
+                  if p.default is inspect.Parameter.empty
+                  and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        count = len(params)
+    except (TypeError, ValueError):
+        count = 3
+    args = (env, spaces, None)[:min(count, 3)]
+    result = factory(*args)
+    if result is None:
+        return []
+    pieces = list(result) if isinstance(result, (list, tuple)) else [result]
+    for piece in pieces:
+        if not isinstance(piece, ConnectorV2):
+            raise TypeError(
+                f"The connector factory {getattr(factory, '__name__', factory)!r} returned "
+                f"{piece!r}; expected jaxrunner.connectors.ConnectorV2 pieces (or a list of "
+                "them)."
+            )
+    return pieces

@@ -1,0 +1,265 @@
+"""Env-to-module connector pieces: flattening, mean-std filtering, frame stacking,
+previous action/reward."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrunner.connectors.base import ConnectorContext, ConnectorV2
+
+
+def _flatten_one(x: Any, space: gym.spaces.Space) -> jax.Array:
+    """(B, ...) of `space` -> (B, F) float32, leaves in gymnasium's key order."""
+    if isinstance(space, gym.spaces.Dict):
+        return jnp.concatenate([_flatten_one(x[k], s) for k, s in space.spaces.items()],
+                               axis=-1)
+    if isinstance(space, gym.spaces.Tuple):
+        return jnp.concatenate([_flatten_one(x[i], s) for i, s in enumerate(space.spaces)],
+                               axis=-1)
+    if isinstance(space, gym.spaces.Discrete):
+        return jax.nn.one_hot(jnp.asarray(x).astype(jnp.int32), int(space.n),
+                              dtype=jnp.float32)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        nvec = np.asarray(space.nvec).reshape(-1)
+        flat = jnp.asarray(x).reshape(x.shape[0], -1).astype(jnp.int32)
+        return jnp.concatenate([jax.nn.one_hot(flat[:, i], int(n), dtype=jnp.float32)
+                                for i, n in enumerate(nvec)], axis=-1)
+    x = jnp.asarray(x)
+    return x.reshape(x.shape[0], -1).astype(jnp.float32)
+
+
+def _flat_size(space: gym.spaces.Space) -> int:
+    if isinstance(space, gym.spaces.Dict):
+        return sum(_flat_size(s) for s in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return sum(_flat_size(s) for s in space.spaces)
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(np.sum(space.nvec))
+    return int(math.prod(space.shape))
+
+
+class FlattenObservations(ConnectorV2):
+    """Dict / Tuple / Discrete / multi-dim Box observations -> one float32 vector `(B, F)`
+    (Discrete parts one-hot)."""
+
+    def __init__(self, observation_space: gym.spaces.Space):
+        self.input_space = observation_space
+
+    def recompute_observation_space(self, space):
+        size = _flat_size(space)
+        return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+
+    def __call__(self, state, obs, ctx):
+        return state, _flatten_one(obs, self.input_space)
+
+
+def _combine(a, b):
+    """Parallel Welford: stats of the union of two sample sets (count, mean, M2)."""
+    n_a, mean_a, m2_a = a
+    n_b, mean_b, m2_b = b
+    n = n_a + n_b
+    safe = jnp.maximum(n, 1.0)
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (n_b / safe)
+    m2 = m2_a + m2_b + delta * delta * (n_a * n_b / safe)
+    return n, mean, m2
+
+
+def _combine_np(a, b):
+    n_a, mean_a, m2_a = (np.asarray(v, np.float64) for v in a)
+    n_b, mean_b, m2_b = (np.asarray(v, np.float64) for v in b)
+    n = n_a + n_b
+    safe = max(float(n), 1.0)
+    delta = mean_b - mean_a
+    return n, mean_a + delta * (n_b / safe), m2_a + m2_b + delta * delta * (n_a * n_b / safe)
+
+
+class MeanStdFilter(ConnectorV2):
+    """Normalises observations with running mean and std: `clip((x - mean) / (std + eps))`.
+
+    Statistics update with every observation the runner acts on (all `B` sub-envs), then
+    normalise it (RLlib's `MeanStdFilter` order). The state keeps a `base` (statistics
+    everybody agreed on at the last merge) and a `delta` (this runner's samples since), so
+    `merge_states` of several runners gives exactly the statistics of the union of their
+    samples: `base + delta_1 + ... + delta_k`.
+
+    Args:
+        observation_space: a Box space (flatten first for other spaces).
+        clip: the normalised value is clipped to `[-clip, clip]` (RLlib: 10).
+        update: keep updating the statistics while sampling (False: freeze them).
+    """
+
+    def __init__(self, observation_space: gym.spaces.Space, clip: float = 10.0,
+                 epsilon: float = 1e-8, update: bool = True):
+        if not isinstance(observation_space, gym.spaces.Box):
+            raise ValueError(
+                f"MeanStdFilter needs a Box observation space, got {observation_space}; put "
+                "FlattenObservations before it."
+            )
+        self.shape = tuple(observation_space.shape)
+        self.clip = float(clip)
+        self.epsilon = float(epsilon)
+        self.update = update
+
+    def recompute_observation_space(self, space):
+        return gym.spaces.Box(-self.clip, self.clip, self.shape, np.float32)
+
+    def _zeros(self):
+        return (jnp.zeros((), jnp.float32), jnp.zeros(self.shape, jnp.float32),
+                jnp.zeros(self.shape, jnp.float32))
+
+    def init_state(self, num_envs):
+        return {"base": self._zeros(), "delta": self._zeros()}
+
+    def __call__(self, state, obs, ctx):
+        obs = jnp.asarray(obs, jnp.float32)
+        if self.update:
+            batch = obs.shape[0]
+            mean_b = jnp.mean(obs, axis=0)
+            m2_b = jnp.sum((obs - mean_b) ** 2, axis=0)
+            state = {"base": state["base"],
+                     "delta": _combine(state["delta"],
+                                       (jnp.asarray(batch, jnp.float32), mean_b, m2_b))}
+        n, mean, m2 = _combine(state["base"], state["delta"])
+        std = jnp.sqrt(m2 / jnp.maximum(n, 1.0))
+        normed = (obs - mean) / (std + self.epsilon)
+        return state, jnp.clip(normed, -self.clip, self.clip)
+
+    def get_state(self, state):
+        return {"base": state["base"], "delta": state["delta"]}
+
+    def set_state(self, state, saved):
+        from jaxrunner.errors import StateStructureError
+
+        try:
+            new = {part: tuple(jnp.asarray(v, jnp.float32) for v in saved[part])
+                   for part in ("base", "delta")}
+        except (KeyError, TypeError) as error:
+            raise StateStructureError(
+                f"MeanStdFilter state must be {{'base': (count, mean, m2), 'delta': ...}}; "
+                f"got {type(saved).__name__} ({error})."
+            ) from error
+        for part, (n, mean, m2) in new.items():
+            if n.shape != () or mean.shape != self.shape or m2.shape != self.shape:
+                raise StateStructureError(
+                    f"MeanStdFilter state {part!r} has shapes count {n.shape}, mean "
+                    f"{mean.shape}, m2 {m2.shape}; expected (), {self.shape}, {self.shape} "
+                    "(the observation shape of this runner)."
+                )
+        return new
+
+    def merge_states(self, saved_states):
+        base = saved_states[0]["base"]
+        total = tuple(np.asarray(v, np.float64) for v in base)
+        for saved in saved_states:
+            total = _combine_np(total, saved["delta"])
+        merged = tuple(np.asarray(v, np.float32) for v in total)
+        zeros = (np.zeros((), np.float32), np.zeros(self.shape, np.float32),
+                 np.zeros(self.shape, np.float32))
+        return {"base": merged, "delta": zeros}
+
+    @staticmethod
+    def statistics(saved: dict[str, Any]) -> tuple[float, np.ndarray, np.ndarray]:
+        """`(count, mean, variance)` of a `get_state()` output (base + delta)."""
+        n, mean, m2 = _combine_np(saved["base"], saved["delta"])
+        return float(n), mean, m2 / max(float(n), 1.0)
+
+
+class FrameStacking(ConnectorV2):
+    """Stacks the last `num_frames` observations of each episode along the last axis.
+
+    At an episode start the older frames are zeros. The frames live in the carry, so a
+    stack is the same whether or not the episode was cut between `sample()` calls;
+    `stack_episode()` recomputes the module inputs of a host episode chunk from its
+    observations and lookback (needs `episode_lookback_horizon >= num_frames - 1`).
+    """
+
+    def __init__(self, observation_space: gym.spaces.Space, num_frames: int = 4):
+        if not isinstance(observation_space, gym.spaces.Box) or not observation_space.shape:
+            raise ValueError(
+                f"FrameStacking needs a Box observation space with at least one axis, got "
+                f"{observation_space}."
+            )
+        if num_frames < 1:
+            raise ValueError(f"num_frames must be >= 1, got {num_frames}.")
+        self.frame_shape = tuple(observation_space.shape)
+        self.dtype = observation_space.dtype
+        self.num_frames = num_frames
+
+    def recompute_observation_space(self, space):
+        low = np.concatenate([np.minimum(space.low, 0)] * self.num_frames, axis=-1)
+        high = np.concatenate([np.maximum(space.high, 0)] * self.num_frames, axis=-1)
+        return gym.spaces.Box(low, high, dtype=space.dtype)
+
+    def init_state(self, num_envs):
+        return jnp.zeros((num_envs, self.num_frames) + self.frame_shape, self.dtype)
+
+    def __call__(self, frames, obs, ctx):
+        obs = jnp.asarray(obs, self.dtype)
+        keep = (~ctx.is_first).reshape((-1,) + (1,) * (frames.ndim - 1))
+        frames = jnp.concatenate([frames[:, 1:] * keep.astype(frames.dtype), obs[:, None]],
+                                 axis=1)
+        stacked = jnp.concatenate([frames[:, i] for i in range(self.num_frames)], axis=-1)
+        return frames, stacked
+
+    def stack_episode(self, episode) -> np.ndarray:
+        """Module inputs `(len(episode) + 1, ...)` for each observation of a host chunk."""
+        lookback = np.asarray(episode.lookback_observations)
+        obs = np.asarray(episode.observations)
+        needed = self.num_frames - 1
+        history = np.concatenate([lookback, obs], axis=0)
+        start = len(lookback)
+        if start < min(needed, episode.t_started):
+            raise ValueError(
+                f"stack_episode needs {min(needed, episode.t_started)} lookback steps, the "
+                f"chunk has {start}; set episode_lookback_horizon >= {needed}."
+            )
+        out = []
+        for i in range(len(obs)):
+            t = episode.t_started + i  # step within the episode of observation i
+            frames = []
+            for k in range(self.num_frames - 1, -1, -1):
+                j = start + i - k
+                frames.append(history[j] if t - k >= 0 and j >= 0
+                              else np.zeros(self.frame_shape, self.dtype))
+            out.append(np.concatenate(frames, axis=-1))
+        return np.stack(out)
+
+
+class PrevActionsPrevRewards(ConnectorV2):
+    """Appends the previous action (one-hot if Discrete) and reward to the flat observation
+    (zeros at an episode start): `(B, F)` -> `(B, F + A + 1)`."""
+
+    def __init__(self, observation_space: gym.spaces.Space, action_space: gym.spaces.Space):
+        if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+            raise ValueError(
+                f"PrevActionsPrevRewards needs a 1-D Box observation space, got "
+                f"{observation_space}; put FlattenObservations before it."
+            )
+        self.action_space = action_space
+        self.action_size = _flat_size(action_space)
+
+    def recompute_observation_space(self, space):
+        size = int(space.shape[0]) + self.action_size + 1
+        return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+
+    def __call__(self, state, obs, ctx: ConnectorContext):
+        start = ctx.is_first[:, None]
+        action = jnp.where(start, 0.0, _flatten_one(ctx.prev_action, self.action_space))
+        reward = jnp.where(start, 0.0, ctx.prev_reward[:, None])
+        return state, jnp.concatenate([jnp.asarray(obs, jnp.float32), action, reward], axis=-1)
+
+
+def default_env_to_module_pieces(observation_space: gym.spaces.Space) -> Sequence[ConnectorV2]:
+    """The default pipeline: flatten Dict/Tuple observations (nothing else)."""
+    if isinstance(observation_space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        return [FlattenObservations(observation_space)]
+    return []

@@ -1,0 +1,104 @@
+"""Small gymnax-style envs that pin contracts in tests and examples.
+
+* `DictObsEnv`: Dict observations (a Box and a Discrete part), Discrete(2) actions.
+* `MultiDiscreteEnv`: MultiDiscrete([3, 2]) actions; reward = sum of the action parts.
+* `TargetEnv`: a 1-D Box action must reach a target; reward = -|action - target|.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+from flax import struct
+from gymnax.environments import environment, spaces
+
+
+@struct.dataclass
+class _State(environment.EnvState):
+    position: jax.Array
+    time: int
+
+
+@struct.dataclass
+class _Params(environment.EnvParams):
+    max_steps_in_episode: int = 10
+
+
+class DictObsEnv(environment.Environment):
+    """Observation {"position": Box (2,), "phase": Discrete(3)}; action 0/1 moves left/right;
+    terminates when |x| > 3, truncates after `max_steps_in_episode`."""
+
+    @property
+    def default_params(self):
+        return _Params()
+
+    def step_env(self, key, state, action, params):
+        move = jnp.where(action == 1, 1.0, -1.0)
+        position = state.position + jnp.stack([move, 0.5 * move])
+        state = _State(position=position, time=state.time + 1)
+        terminated = jnp.abs(position[0]) > 3.0
+        return self.get_obs(state), state, jnp.float32(1.0), terminated, {}
+
+    def reset_env(self, key, params):
+        state = _State(position=jax.random.uniform(key, (2,), minval=-1, maxval=1), time=0)
+        return self.get_obs(state), state
+
+    def get_obs(self, state, params=None, key=None):
+        return {"position": state.position, "phase": jnp.int32(state.time % 3)}
+
+    def action_space(self, params=None):
+        return spaces.Discrete(2)
+
+    def observation_space(self, params=None):
+        return spaces.Dict({"position": spaces.Box(-10.0, 10.0, (2,), jnp.float32),
+                            "phase": spaces.Discrete(3)})
+
+
+class MultiDiscreteEnv(environment.Environment):
+    """MultiDiscrete([3, 2]) actions (a gymnasium space); reward = a[0] + a[1]."""
+
+    @property
+    def default_params(self):
+        return _Params()
+
+    def step_env(self, key, state, action, params):
+        state = _State(position=state.position + 1.0, time=state.time + 1)
+        reward = jnp.sum(action).astype(jnp.float32)
+        return state.position, state, reward, jnp.bool_(False), {}
+
+    def reset_env(self, key, params):
+        state = _State(position=jnp.zeros((2,)), time=0)
+        return state.position, state
+
+    def action_space(self, params=None):
+        return gym.spaces.MultiDiscrete([3, 2])
+
+    def observation_space(self, params=None):
+        return spaces.Box(-100.0, 100.0, (2,), jnp.float32)
+
+
+class TargetEnv(environment.Environment):
+    """Box(-2, 2, (1,)) actions; reward = -|action - target|. The observation is
+    `[target, the action the env last received]`, so tests can see what reached the env."""
+
+    @property
+    def default_params(self):
+        return _Params()
+
+    def step_env(self, key, state, action, params):
+        reward = -jnp.abs(action[0] - state.position[0]).astype(jnp.float32)
+        target = jax.random.uniform(key, (), minval=-2.0, maxval=2.0)
+        state = _State(position=jnp.stack([target, action[0]]), time=state.time + 1)
+        return state.position, state, reward, jnp.bool_(False), {}
+
+    def reset_env(self, key, params):
+        target = jax.random.uniform(key, (), minval=-2.0, maxval=2.0)
+        state = _State(position=jnp.stack([target, jnp.float32(0.0)]), time=0)
+        return state.position, state
+
+    def action_space(self, params=None):
+        return spaces.Box(-2.0, 2.0, (1,), jnp.float32)
+
+    def observation_space(self, params=None):
+        return spaces.Box(-100.0, 100.0, (2,), jnp.float32)
