@@ -50,6 +50,7 @@ class RolloutCarry:
     prev_reward: jax.Array  # (B,) float32: reward that came with `obs` (0 at episode start)
     connector_state: Any  # (env-to-module state, module-to-env state) pytrees
     module_state: Any  # recurrent module state, leaves (B, ...); {} if not recurrent
+    consecutive_failures: jax.Array  # (B,) int32: failed steps in a row on each sub-env
     vector_step: jax.Array  # () uint32: vector steps taken by this runner (mod 2**32)
     metrics: MetricRegisters
 
@@ -70,6 +71,7 @@ class Trajectory:
     extra_model_outputs: dict  # name -> (T, B, ...): "action_logp", "action_dist_inputs"
     episode_return: jax.Array  # (T, B) float32: return of the episode up to and incl. step t
     episode_len: jax.Array  # (T, B) int32: length of the episode up to and incl. step t
+    failed: jax.Array  # (T, B) bool: the sub-env failed at this step (episode discarded)
     valid: jax.Array  # (T,) bool
 
 
@@ -92,3 +94,8 @@ class ChunkInfo:
     episode_env_steps: jax.Array  # () int32: summed length of those episodes (all chunks)
     start_episode_count: jax.Array  # (B,) int32
     start_episode_len: jax.Array  # (B,) int32
+    num_failures: jax.Array  # () int32: sub-env step failures in this chunk
+    discarded_env_steps: jax.Array  # () int32: steps of this call's failed episodes
+    first_failure_step: jax.Array  # () int32: chunk step of the first failure (-1: none)
+    first_failure_env: jax.Array  # () int32: sub-env of the first failure (-1: none)
+    max_consecutive_failures: jax.Array  # () int32: longest failure streak of any sub-env

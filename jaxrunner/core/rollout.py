@@ -26,6 +26,23 @@ from jaxrunner.connectors.base import ConnectorContext
 from jaxrunner.core.carry import ChunkInfo, Lookback, MetricRegisters, RolloutCarry, Trajectory
 
 POLICY_MODES = ("explore", "inference", "random")
+FAILURE_INFO_KEY = "env_step_failed"  # set by an env in its step info to report a failure
+
+
+def mark_step_failed(info: dict, failed: Any = True) -> dict:
+    """Returns `info` with the sub-env failure flag set (use inside a jitted env `step`)."""
+    return {**info, FAILURE_INFO_KEY: jnp.asarray(failed, jnp.bool_)}
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    """(B,) bool: every floating leaf of each sub-env's entry is finite."""
+    leaves = [leaf for leaf in jax.tree.leaves(tree)
+              if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.floating)]
+    ok = None
+    for leaf in leaves:
+        leaf_ok = jnp.all(jnp.isfinite(leaf).reshape(leaf.shape[0], -1), axis=-1)
+        ok = leaf_ok if ok is None else ok & leaf_ok
+    return ok
 NO_EPISODE_LIMIT = np.int32(2**31 - 1)
 
 
@@ -43,6 +60,8 @@ class RolloutSpec:
     metrics_window: int
     env_to_module: Any  # ConnectorPipeline: observations -> module inputs
     module_to_env: Any  # ConnectorPipeline: module actions -> env actions
+    check_finite: bool = True  # a non-finite observation or reward is a sub-env failure
+    restart_failed_sub_environments: bool = False  # recreate failed sub-envs in the scan
 
 
 class RolloutFns(NamedTuple):
@@ -169,6 +188,7 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
             connector_state=(spec.env_to_module.init_state(num_envs),
                              spec.module_to_env.init_state(num_envs)),
             module_state=initial_module_state(),
+            consecutive_failures=jnp.zeros((num_envs,), jnp.int32),
             vector_step=jnp.zeros((), jnp.uint32),
             metrics=MetricRegisters.create(spec.metrics_window),
         )
@@ -234,28 +254,55 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
         reward = jnp.asarray(reward, jnp.float32)
         terminated = jnp.asarray(terminated, jnp.bool_)
         truncated = jnp.asarray(truncated, jnp.bool_)
+        final_obs = info.get("final_observation", next_obs)
+        failed = jnp.broadcast_to(jnp.asarray(info.get(FAILURE_INFO_KEY, False), jnp.bool_),
+                                  (num_envs,))
+        if spec.check_finite:
+            finite = jnp.isfinite(reward)
+            obs_finite = _all_finite(final_obs)
+            if obs_finite is not None:
+                finite = finite & obs_finite
+            failed = failed | ~finite
+        if spec.restart_failed_sub_environments:
+            # Recreate only the failed sub-envs (fresh reset, fresh key); the scalar cond
+            # costs nothing while no sub-env fails.
+            def recreate(args):
+                state, obs, k = args
+                k, reset_key = jax.random.split(k)
+                new_obs, new_state = vmapped_reset(jax.random.split(reset_key, num_envs),
+                                                   env_params)
+                pick = lambda new, old: jnp.where(  # noqa: E731
+                    failed.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+                return (jax.tree.map(pick, new_state, state), jax.tree.map(pick, new_obs, obs), k)
+
+            env_state, next_obs, key = jax.lax.cond(
+                jnp.any(failed), recreate, lambda args: args, (env_state, next_obs, key))
+            terminated = terminated & ~failed
+            truncated = truncated & ~failed
         done = terminated | truncated
+        ended = done | failed  # a failed episode ends too, but is discarded
         episode_len = carry.episode_len + 1
         episode_return = carry.episode_return + reward
         new_carry = carry.replace(
             env_state=env_state,
             obs=next_obs,
             key=key,
-            episode_count=carry.episode_count + done.astype(jnp.int32),
-            episode_len=jnp.where(done, 0, episode_len),
-            episode_return=jnp.where(done, 0.0, episode_return),
-            is_first=done,
+            episode_count=carry.episode_count + ended.astype(jnp.int32),
+            episode_len=jnp.where(ended, 0, episode_len),
+            episode_return=jnp.where(ended, 0.0, episode_return),
+            is_first=ended,
             prev_action=actions.astype(carry.prev_action.dtype),
-            prev_reward=jnp.where(done, 0.0, reward),
+            prev_reward=jnp.where(ended, 0.0, reward),
             connector_state=connector_state,
             module_state=module_state,
+            consecutive_failures=jnp.where(failed, carry.consecutive_failures + 1, 0),
             vector_step=carry.vector_step + jnp.uint32(1),
         )
         record = Trajectory(
             obs=carry.obs, actions=actions, rewards=reward, terminated=terminated,
-            truncated=truncated, final_obs=info.get("final_observation", next_obs),
+            truncated=truncated, final_obs=final_obs,
             extra_model_outputs=extras, episode_return=episode_return,
-            episode_len=episode_len, valid=jnp.ones((), jnp.bool_))
+            episode_len=episode_len, failed=failed, valid=jnp.ones((), jnp.bool_))
         return new_carry, record
 
     def init_lookback(carry: RolloutCarry, params: Any, env_params: Any) -> Lookback:
@@ -266,8 +313,12 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
                         extra_model_outputs=jax.tree.map(zeros, record.extra_model_outputs))
 
     def chunk(carry: RolloutCarry, lookback: Lookback, params: Any, env_params: Any,
-              num_steps: jax.Array, episodes_limit: jax.Array):
-        """Runs up to `chunk_len` vector steps; see the module docstring."""
+              num_steps: jax.Array, episodes_limit: jax.Array, call_step_offset: jax.Array):
+        """Runs up to `chunk_len` vector steps; see the module docstring.
+
+        `call_step_offset`: vector steps the current `sample()` call took before this
+        chunk (a failed episode's steps from before the call were already returned, so only
+        the steps within the call count as discarded)."""
         start = carry
         _, record_shape = jax.eval_shape(vector_step, carry, params, env_params)
 
@@ -298,10 +349,21 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
             extra_model_outputs=jax.tree.map(roll, lookback.extra_model_outputs,
                                              traj.extra_model_outputs),
         )
+        failed = traj.failed & traj.valid[:, None]
+        steps_in_call = (call_step_offset + 1
+                         + jnp.arange(spec.chunk_len, dtype=jnp.int32))[:, None]
+        discarded = jnp.sum(jnp.where(failed, jnp.minimum(traj.episode_len, steps_in_call), 0))
+        any_failed = jnp.any(failed)
+        first = jnp.argmax(failed.reshape(-1))
         info = ChunkInfo(num_steps=steps_taken, num_episodes=num_counted,
                          episode_env_steps=counted_len,
                          start_episode_count=start.episode_count,
-                         start_episode_len=start.episode_len)
+                         start_episode_len=start.episode_len,
+                         num_failures=jnp.sum(failed.astype(jnp.int32)),
+                         discarded_env_steps=discarded.astype(jnp.int32),
+                         first_failure_step=jnp.where(any_failed, first // num_envs, -1),
+                         first_failure_env=jnp.where(any_failed, first % num_envs, -1),
+                         max_consecutive_failures=jnp.max(carry.consecutive_failures))
         return carry, lookback, traj, info
 
     return RolloutFns(init_carry=init_carry, reset_carry=reset_carry,

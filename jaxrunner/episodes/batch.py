@@ -36,7 +36,8 @@ class EpisodeBatch(Sequence):
     def __init__(self, *, chunks: tuple[Trajectory, ...], start_episode_count: jax.Array,
                  start_episode_len: jax.Array, lookback: Lookback, num_steps: int,
                  num_envs: int, mode: str, num_episodes: int | None, id_prefix: str,
-                 observation_space=None, action_space=None, weights_seq_no: int = 0):
+                 observation_space=None, action_space=None, weights_seq_no: int = 0,
+                 discarded_env_steps: int = 0):
         self.chunks = tuple(chunks)
         self.num_envs = num_envs
         self.mode = mode
@@ -49,6 +50,7 @@ class EpisodeBatch(Sequence):
         self._num_steps = num_steps  # vector steps taken in the call
         self._num_episodes = num_episodes
         self._id_prefix = id_prefix
+        self._discarded_env_steps = discarded_env_steps
         self._episodes: list[SingleAgentEpisode] | None = None
 
     # ------------------------------------------------------------------ device face
@@ -70,7 +72,7 @@ class EpisodeBatch(Sequence):
     def env_steps(self) -> int:
         """Env steps in the returned episodes (timestep mode: vector steps x B)."""
         if self.mode == "timesteps":
-            return self._num_steps * self.num_envs
+            return self._num_steps * self.num_envs - self._discarded_env_steps
         return sum(len(e) for e in self._host_episodes())
 
     # ------------------------------------------------------------------ host face
@@ -97,17 +99,23 @@ class EpisodeBatch(Sequence):
         chunks, start_count, start_len, lookback = jax.device_get(
             (self.chunks, self._start_episode_count, self._start_episode_len, self._lookback))
         num_steps = self._num_steps
-        traj = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0)[:num_steps], *chunks)
+        traj = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *chunks)
+        # Chunks may end early (a partial chunk, then a top-up chunk): keep taken steps.
+        traj = jax.tree.map(lambda x: x[traj.valid], traj)
         done = traj.terminated | traj.truncated  # (T, B)
+        failed = traj.failed  # (T, B): the episode ending here is discarded
+        ends_at = done | failed
         lookback_len = lookback.rewards.shape[0]
         episodes: list[tuple[int, int, SingleAgentEpisode]] = []
         for b in range(self.num_envs):
-            ends = np.flatnonzero(done[:, b])
+            ends = np.flatnonzero(ends_at[:, b])
             starts = np.concatenate([[0], ends + 1])
             stops = np.concatenate([ends + 1, [num_steps]])
             for k, (s, e) in enumerate(zip(starts, stops)):
                 if e <= s:
                     continue  # an episode that starts at the very end has no steps yet
+                if k < len(ends) and failed[e - 1, b]:
+                    continue  # its sub-env failed: the episode is discarded
                 finished = k < len(ends)
                 if self.mode == "episodes" and not finished:
                     continue

@@ -8,6 +8,7 @@ functions, and turns `sample()` arguments into calls of the same compiled chunk.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import time
@@ -23,8 +24,8 @@ from jaxrunner.connectors.base import ConnectorContext, ConnectorPipeline, call_
 from jaxrunner.connectors.env_to_module import default_env_to_module_pieces
 from jaxrunner.connectors.module_to_env import NormalizeAndClipActions
 from jaxrunner.core.carry import Lookback, RolloutCarry
-from jaxrunner.core.rollout import (NO_EPISODE_LIMIT, RolloutSpec, make_rollout_fns,
-                                   sample_action_space)
+from jaxrunner.core.rollout import (FAILURE_INFO_KEY, NO_EPISODE_LIMIT, RolloutSpec,
+                                   make_rollout_fns, sample_action_space)
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.registry import make_jax_env
 from jaxrunner.envs.spaces import action_dtype, batched_space, to_gymnasium
@@ -33,6 +34,8 @@ from jaxrunner.errors import SampleArgumentError, StateStructureError
 from jaxrunner.metrics.logger import RunnerMetrics
 from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModuleSpec
 from jaxrunner.runners.env_runner import EnvRunner
+
+logger = logging.getLogger(__name__)
 
 COMPONENT_RL_MODULE = "rl_module"
 COMPONENT_ENV_TO_MODULE_CONNECTOR = "env_to_module_connector"
@@ -304,6 +307,8 @@ class SingleAgentEnvRunner(EnvRunner):
                 chunk_len=self._chunk_len(), lookback_len=self.config.episode_lookback_horizon,
                 metrics_window=self.config.metrics_window,
                 env_to_module=self.env_to_module, module_to_env=self.module_to_env,
+                check_finite=self.config.check_finite,
+                restart_failed_sub_environments=self.config.restart_failed_sub_environments,
             )
             fns = make_rollout_fns(spec, mode)
             self._compiled[mode] = {
@@ -352,37 +357,90 @@ class SingleAgentEnvRunner(EnvRunner):
             else:
                 num_episodes = self.num_envs
         fns = self._fns(mode)
+        recreations = 0
+        while True:
+            try:
+                batch, vector_steps, env_steps, discarded = self._sample_chunks(
+                    fns, num_timesteps, num_episodes, force_reset)
+                break
+            except jax.errors.JaxRuntimeError as error:
+                # The device program itself failed (e.g. an XLA runtime error inside the
+                # env): the whole vector env is recreated, as RLlib recreates it.
+                recreations += 1
+                self._metrics.env_step_failures_lifetime += 1
+                self._carry, self._needs_reset = None, True
+                tolerance = self.config.num_consecutive_sub_env_failures_tolerance
+                if not self.config.restart_failed_sub_environments or recreations > tolerance:
+                    raise RuntimeError(
+                        f"sample() on runner {self.worker_index} failed with an XLA runtime "
+                        f"error ({error}). "
+                        + ("Set config.fault_tolerance(restart_failed_sub_environments=True) to "
+                           "recreate the env and continue."
+                           if not self.config.restart_failed_sub_environments else
+                           f"It failed {recreations} times in a row "
+                           "(num_consecutive_sub_env_failures_tolerance).")
+                    ) from error
+                logger.exception("XLA runtime error while sampling; recreating the env.")
+                self.make_env()
+                fns = self._fns(mode)
+                force_reset = True
+        self._metrics.record_sample(vector_steps=vector_steps, env_steps=env_steps,
+                                    discarded_env_steps=discarded, start_time=start_time,
+                                    end_time=time.perf_counter())
+        return batch
+
+    def _sample_chunks(self, fns, num_timesteps, num_episodes, force_reset):
+        """Runs compiled chunks until the call's size is reached; returns the batch and
+        `(vector_steps, env_steps, discarded_env_steps)`."""
         self._ensure_carry()
         if num_episodes is not None or force_reset or self._needs_reset:
             self._carry = fns["reset_carry"](self._carry, self.env_params)
             self._needs_reset = False
+        self._failures_this_call = 0
         lookback_at_start = self._lookback
         chunks, infos = [], []
+        vector_steps, discarded = 0, 0
+        restart = self.config.restart_failed_sub_environments
         if num_episodes is not None:
-            vector_steps, counted, returned_steps = 0, 0, 0
+            counted, returned_steps = 0, 0
             while counted < num_episodes:
                 info = self._run_chunk(fns, self._chunk_len(), num_episodes - counted,
-                                       chunks, infos)
-                steps, episodes, ep_steps = jax.device_get(
-                    (info.num_steps, info.num_episodes, info.episode_env_steps))
-                vector_steps += int(steps)
-                counted += int(episodes)
-                returned_steps += int(ep_steps)
+                                       vector_steps, chunks, infos)
+                host = jax.device_get(info)
+                self._book_failures([host], vector_steps)
+                vector_steps += int(host.num_steps)
+                counted += int(host.num_episodes)
+                returned_steps += int(host.episode_env_steps)
             # Episodes in flight are dropped, as in RLlib; the next call starts fresh.
             self._needs_reset = True
             env_steps = vector_steps * self.num_envs
             discarded = env_steps - returned_steps
             batch_mode = "episodes"
         else:
-            vector_steps = math.ceil(num_timesteps / self.num_envs)
-            remaining = vector_steps
-            while remaining > 0:
-                steps = min(remaining, self._chunk_len())
-                self._run_chunk(fns, steps, NO_EPISODE_LIMIT, chunks, infos)
-                remaining -= steps
+            returned = 0
+            planned = math.ceil(num_timesteps / self.num_envs)
+            while planned > 0:
+                first_new = len(infos)
+                call_offset = vector_steps
+                while planned > 0:
+                    steps = min(planned, self._chunk_len())
+                    self._run_chunk(fns, steps, NO_EPISODE_LIMIT, vector_steps, chunks, infos)
+                    vector_steps += steps
+                    planned -= steps
+                # One small transfer per round: failures and discarded steps.
+                host_infos = jax.device_get(infos[first_new:])
+                discarded += self._book_failures(host_infos, call_offset)
+                returned = vector_steps * self.num_envs - discarded
+                if restart and returned < num_timesteps:
+                    # Failed episodes were discarded: top up to the promised size.
+                    planned = math.ceil((num_timesteps - returned) / self.num_envs)
             env_steps = vector_steps * self.num_envs
-            discarded = 0
             batch_mode = "timesteps"
+        if self._failures_this_call:
+            logger.warning("%d sub-environment step failure(s) on runner %s in this sample() "
+                           "call; the failed sub-environments were recreated and %d env steps "
+                           "of their episodes discarded.", self._failures_this_call,
+                           self.worker_index, discarded)
         # Wait for the device so timers and episode durations measure the work itself.
         jax.block_until_ready(self._carry.vector_step)
         first = infos[0] if infos else None
@@ -393,19 +451,55 @@ class SingleAgentEnvRunner(EnvRunner):
             lookback=lookback_at_start, num_steps=vector_steps, num_envs=self.num_envs,
             mode=batch_mode, num_episodes=num_episodes, id_prefix=self._id_prefix,
             observation_space=self.observation_space, action_space=self.action_space,
-            weights_seq_no=self._weights_seq_no)
-        self._metrics.record_sample(vector_steps=vector_steps, env_steps=env_steps,
-                                    discarded_env_steps=discarded, start_time=start_time,
-                                    end_time=time.perf_counter())
-        return batch
+            weights_seq_no=self._weights_seq_no,
+            discarded_env_steps=discarded if batch_mode == "timesteps" else 0)
+        return batch, vector_steps, env_steps, discarded
+
+    def _book_failures(self, host_infos, call_offset: int) -> int:
+        """Counts sub-env failures of finished chunks; raises when recovery is off or a
+        sub-env keeps failing. Returns the env steps discarded with failed episodes."""
+        failures = sum(int(i.num_failures) for i in host_infos)
+        discarded = sum(int(i.discarded_env_steps) for i in host_infos)
+        if failures == 0:
+            return 0
+        self._metrics.env_step_failures_lifetime += failures
+        offset = call_offset
+        first_step, first_env = None, None
+        for info in host_infos:
+            if first_step is None and int(info.first_failure_step) >= 0:
+                first_step = offset + int(info.first_failure_step)
+                first_env = int(info.first_failure_env)
+            offset += int(info.num_steps)
+        if not self.config.restart_failed_sub_environments:
+            self._needs_reset = True
+            raise RuntimeError(
+                f"Sub-environment {first_env} of runner {self.worker_index} (env "
+                f"{self.env_name!r}) failed at vector step {first_step} of this sample() call "
+                f"({failures} failed steps in all: the env set info[{FAILURE_INFO_KEY!r}] or, "
+                "with check_finite, returned a non-finite observation or reward). Set "
+                "config.fault_tolerance(restart_failed_sub_environments=True) to recreate "
+                "failed sub-environments and continue; the next sample() starts fresh."
+            )
+        tolerance = self.config.num_consecutive_sub_env_failures_tolerance
+        if max(int(i.max_consecutive_failures) for i in host_infos) > tolerance:
+            self._needs_reset = True
+            raise RuntimeError(
+                f"A sub-environment of runner {self.worker_index} (env {self.env_name!r}) "
+                f"failed more than {tolerance} steps in a row even after being recreated: it "
+                "fails forever. Fix the env, or raise "
+                "config.fault_tolerance(num_consecutive_sub_env_failures_tolerance=...)."
+            )
+        self._failures_this_call += failures
+        return discarded
 
     def _chunk_len_for_default(self) -> int:
         return self.config.get_rollout_fragment_length(self.worker_index or 0)
 
-    def _run_chunk(self, fns, num_steps: int, episodes_limit, chunks: list, infos: list):
+    def _run_chunk(self, fns, num_steps: int, episodes_limit, call_offset: int,
+                   chunks: list, infos: list):
         carry, lookback, traj, info = fns["chunk"](
             self._carry, self._lookback, self._params, self.env_params,
-            np.int32(num_steps), np.int32(episodes_limit))
+            np.int32(num_steps), np.int32(episodes_limit), np.int32(call_offset))
         self._carry, self._lookback = carry, lookback
         chunks.append(traj)
         infos.append(info)

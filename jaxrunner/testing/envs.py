@@ -102,3 +102,60 @@ class TargetEnv(environment.Environment):
 
     def observation_space(self, params=None):
         return spaces.Box(-100.0, 100.0, (2,), jnp.float32)
+
+
+class FlakyEnv(environment.Environment):
+    """Wraps a gymnax env; a step fails when the observation it starts from hashes to 0
+    mod `period` (about 1 step in `period`), so tests can recount failures from the data.
+
+    `mode="flag"` reports the failure with `mark_step_failed` in the step info;
+    `mode="nan"` returns a NaN observation instead (caught by `check_finite`).
+    """
+
+    def __init__(self, inner: environment.Environment, period: int = 100, mode: str = "flag"):
+        self.inner = inner
+        self.period = period
+        self.mode = mode
+
+    @staticmethod
+    def fails(obs, period: int):
+        """The failure predicate (works on jax and numpy arrays of shape (..., F))."""
+        import numpy as np
+
+        if isinstance(obs, np.ndarray):
+            bits = obs[..., 0].astype(np.float32).view(np.uint32)
+            return bits % np.uint32(period) == 0
+        bits = jax.lax.bitcast_convert_type(obs[..., 0].astype(jnp.float32), jnp.uint32)
+        return bits % jnp.uint32(period) == 0
+
+    @property
+    def default_params(self):
+        return self.inner.default_params
+
+    def step(self, key, state, action, params=None):
+        from jaxrunner.core.rollout import mark_step_failed
+
+        obs_before = self.inner_obs(state)
+        obs, state, reward, terminated, truncated, info = self.inner.step(key, state[0], action,
+                                                                          params)
+        failed = self.fails(obs_before, self.period)
+        if self.mode == "nan":
+            info = dict(info)
+            info["final_observation"] = jnp.where(failed, jnp.nan, info["final_observation"])
+            obs = jnp.where(failed, jnp.nan, obs)
+        else:
+            info = mark_step_failed(info, failed)
+        return obs, (state, obs), reward, terminated, truncated, info
+
+    def inner_obs(self, state):
+        return state[1]
+
+    def reset(self, key, params=None):
+        obs, state = self.inner.reset(key, params)
+        return obs, (state, obs)
+
+    def action_space(self, params=None):
+        return self.inner.action_space(params)
+
+    def observation_space(self, params=None):
+        return self.inner.observation_space(params)

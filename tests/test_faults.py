@@ -1,0 +1,126 @@
+"""Sub-environment fault tolerance of the compiled runner: failure flags, non-finite
+checks, recreation of the failed sub-env only, discarded episodes, errors."""
+
+import logging
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+from jaxrunner.testing.envs import FlakyEnv
+
+PERIOD = 100  # about 1% of steps fail
+
+
+def _config(mode="flag", restart=True, num_envs=64, **fault_kwargs):
+    inner, _ = gymnax.make("CartPole-v1")
+    return (jr.RunnerConfig().environment(FlakyEnv(inner, PERIOD, mode))
+            .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=50)
+            .fault_tolerance(restart_failed_sub_environments=restart, **fault_kwargs)
+            .rl_module(model_config={"fcnet_hiddens": [16]})
+            .debugging(seed=0))
+
+
+@pytest.mark.parametrize("mode", ["flag", "nan"])
+def test_restart__200k_steps_failed_episodes_discarded_and_counted(mode, caplog):
+    runner = jr.SingleAgentEnvRunner(config=_config(mode))
+    injected, returned, calls = 0, 0, 0
+    finished_returns = []
+    with caplog.at_level(logging.WARNING):
+        while returned < 200_000:
+            asked = 5000
+            batch = runner.sample(num_timesteps=asked)
+            calls += 1
+            steps = sum(len(e) for e in batch)
+            assert steps >= asked and steps == batch.env_steps
+            returned += steps
+            traj = jax.device_get(batch.trajectory())
+            injected += int(FlakyEnv.fails(np.asarray(traj.obs)[traj.valid], PERIOD).sum())
+            for episode in batch:
+                episode.validate()
+                # No returned step comes from an episode whose sub-env failed.
+                assert not FlakyEnv.fails(np.asarray(episode.observations[:-1]), PERIOD).any()
+                assert np.all(np.isfinite(episode.observations))
+                if episode.is_done:
+                    finished_returns.append(episode)
+    metrics = runner.get_metrics()
+    assert injected > 1000
+    assert metrics["num_env_step_failures"] == injected
+    assert metrics["num_env_steps_discarded"] > 0
+    assert (metrics["num_env_steps_sampled"]
+            == returned + metrics["num_env_steps_discarded"])
+    # Failed episodes never reach the metrics: the window holds finite CartPole returns.
+    assert np.isfinite(metrics["episode_return_mean"])
+    assert metrics["episode_return_min"] >= 1.0
+    # One warning per call with failures, never one per failure.
+    warnings = [r for r in caplog.records if "sub-environment step failure" in r.message]
+    assert 0 < len(warnings) <= calls
+
+
+def test_restart__episode_mode_returns_only_complete_unfailed_episodes():
+    runner = jr.SingleAgentEnvRunner(config=_config())
+    batch = runner.sample(num_episodes=200)
+    assert len(batch) == 200
+    for episode in batch:
+        assert episode.is_done and episode.t_started == 0
+        assert not FlakyEnv.fails(np.asarray(episode.observations[:-1]), PERIOD).any()
+
+
+def test_no_restart__raises_with_the_hint_and_next_sample_starts_clean():
+    runner = jr.SingleAgentEnvRunner(config=_config(restart=False))
+    with pytest.raises(RuntimeError, match=r"Sub-environment \d+ .*failed at vector step \d+.*"
+                                           r"restart_failed_sub_environments=True"):
+        runner.sample(num_timesteps=5000)
+    assert runner.get_metrics()["num_env_step_failures"] > 0
+    # A runner on a well-behaved env with the same settings keeps working after errors.
+    healthy = jr.SingleAgentEnvRunner(
+        config=_config(restart=False).environment("CartPole-v1"))
+    assert healthy.sample(num_timesteps=640).env_steps == 640
+    # The failing runner starts clean: every chunk begins at t_started 0.
+    with pytest.raises(RuntimeError):
+        runner.sample(num_timesteps=5000)
+
+
+def test_check_finite_off__nan_passes_through_unchecked():
+    runner = jr.SingleAgentEnvRunner(config=_config("nan", restart=False, check_finite=False))
+    batch = runner.sample(num_timesteps=5000)
+    traj = jax.device_get(batch.trajectory())
+    assert not np.all(np.isfinite(traj.final_obs[traj.valid]))
+    assert runner.get_metrics()["num_env_step_failures"] == 0
+
+
+class _AlwaysFails(FlakyEnv):
+    @staticmethod
+    def fails(obs, period):
+        return jnp.ones(obs.shape[:-1], jnp.bool_)
+
+
+def test_env_that_fails_forever_stops_with_a_clear_error():
+    inner, _ = gymnax.make("CartPole-v1")
+    config = (_config(num_consecutive_sub_env_failures_tolerance=5)
+              .environment(_AlwaysFails(inner, PERIOD)))
+    runner = jr.SingleAgentEnvRunner(config=config)
+    with pytest.raises(RuntimeError, match="fails forever"):
+        runner.sample(num_timesteps=640)
+
+
+def test_fault_check_does_not_recompile_or_change_clean_runs():
+    clean = jr.SingleAgentEnvRunner(config=_config().environment("CartPole-v1"))
+    unchecked = jr.SingleAgentEnvRunner(config=_config(check_finite=False).environment(
+        "CartPole-v1"))
+    a = jax.device_get(clean.sample(num_timesteps=3200).trajectory())
+    b = jax.device_get(unchecked.sample(num_timesteps=3200).trajectory())
+    np.testing.assert_array_equal(a.obs, b.obs)
+    np.testing.assert_array_equal(a.actions, b.actions)
+    assert not a.failed.any()
+
+
+def test_mark_step_failed_helper_sets_the_documented_key():
+    from jaxrunner.core.rollout import FAILURE_INFO_KEY, mark_step_failed
+
+    info = mark_step_failed({"x": 1}, jnp.bool_(True))
+    assert FAILURE_INFO_KEY == "env_step_failed" and bool(info[FAILURE_INFO_KEY])
+    assert info["x"] == 1
