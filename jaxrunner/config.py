@@ -66,6 +66,9 @@ _DEFAULTS: dict[str, Any] = {
     "num_consecutive_env_runner_failures_tolerance": 100,
     "env_runner_health_probe_timeout_s": 30.0,
     "env_runner_restore_timeout_s": 1800.0,
+    # jaxrunner-specific fault_tolerance() options.
+    "check_finite": True,
+    "num_consecutive_sub_env_failures_tolerance": 100,
     # multi_agent()
     "policies": {"default_policy"},
     "policy_mapping_fn": None,
@@ -350,12 +353,21 @@ class RunnerConfig:
         num_consecutive_env_runner_failures_tolerance: int = _NOT_PROVIDED,
         env_runner_health_probe_timeout_s: float = _NOT_PROVIDED,
         env_runner_restore_timeout_s: float = _NOT_PROVIDED,
+        check_finite: bool = _NOT_PROVIDED,
+        num_consecutive_sub_env_failures_tolerance: int = _NOT_PROVIDED,
     ) -> "RunnerConfig":
-        """Sets sub-env and runner fault tolerance (RLlib's names and defaults)."""
+        """Sets sub-env and runner fault tolerance (RLlib's names and defaults).
+
+        jaxrunner adds `check_finite` (default True: a non-finite observation or reward
+        counts as a sub-env failure) and `num_consecutive_sub_env_failures_tolerance`
+        (default 100: a sub-env that fails this many steps in a row, or env creation that
+        fails this many times, stops `sample()` with an error instead of looping forever).
+        """
         for name, value in (
             ("restart_failed_env_runners", restart_failed_env_runners),
             ("ignore_env_runner_failures", ignore_env_runner_failures),
             ("restart_failed_sub_environments", restart_failed_sub_environments),
+            ("check_finite", check_finite),
         ):
             if value is not _NOT_PROVIDED:
                 _check_bool(name, value)
@@ -366,6 +378,9 @@ class RunnerConfig:
         ):
             if value is not _NOT_PROVIDED:
                 _check_int(name, value, minimum=0)
+        if num_consecutive_sub_env_failures_tolerance is not _NOT_PROVIDED:
+            _check_int("num_consecutive_sub_env_failures_tolerance",
+                       num_consecutive_sub_env_failures_tolerance, minimum=1)
         for name, value in (
             ("delay_between_env_runner_restarts_s", delay_between_env_runner_restarts_s),
             ("env_runner_health_probe_timeout_s", env_runner_health_probe_timeout_s),
@@ -383,6 +398,8 @@ class RunnerConfig:
                 num_consecutive_env_runner_failures_tolerance),
             env_runner_health_probe_timeout_s=env_runner_health_probe_timeout_s,
             env_runner_restore_timeout_s=env_runner_restore_timeout_s,
+            check_finite=check_finite,
+            num_consecutive_sub_env_failures_tolerance=num_consecutive_sub_env_failures_tolerance,
         )
         return self
 
@@ -478,7 +495,8 @@ class RunnerConfig:
             "restart_failed_env_runners", "ignore_env_runner_failures",
             "max_num_env_runner_restarts", "delay_between_env_runner_restarts_s",
             "restart_failed_sub_environments", "num_consecutive_env_runner_failures_tolerance",
-            "env_runner_health_probe_timeout_s", "env_runner_restore_timeout_s")},
+            "env_runner_health_probe_timeout_s", "env_runner_restore_timeout_s",
+            "check_finite", "num_consecutive_sub_env_failures_tolerance")},
         **{k: "multi_agent" for k in ("policies", "policy_mapping_fn", "policies_to_train",
                                       "count_steps_by")},
         **{k: "rl_module" for k in ("model_config", "rl_module_spec")},
@@ -497,6 +515,18 @@ class RunnerConfig:
             setter = getattr(self, self._SETTER_OF.get(name, "env_runners"))
             setter(**{name: value})
         return self
+
+    @classmethod
+    def from_rllib(cls, algo_config: Any, **overrides: Any) -> "RunnerConfig":
+        """Translates an RLlib `AlgorithmConfig` (see `jaxrunner.rllib.config`).
+
+        `overrides` set jaxrunner-only settings such as `max_chunk_length`. Raises
+        `jaxrunner.rllib.UnsupportedRLlibSetupError` for setups a compiled runner cannot
+        reproduce.
+        """
+        from jaxrunner.rllib.config import runner_config_from_rllib
+
+        return runner_config_from_rllib(algo_config, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         """All settings as a plain dict."""
