@@ -54,6 +54,8 @@ _DEFAULTS: dict[str, Any] = {
     "episodes_to_numpy": True,
     # jaxrunner-specific env_runners() options.
     "max_chunk_length": 256,
+    "autoreset_mode": "gymnax",
+    "partial_reset_ratio": 16,
     # training() values RLlib uses to derive rollout_fragment_length="auto".
     "train_batch_size_per_learner": 4000,
     "num_learners": 0,
@@ -245,12 +247,20 @@ class RunnerConfig:
         explore: bool = _NOT_PROVIDED,
         episodes_to_numpy: bool = _NOT_PROVIDED,
         max_chunk_length: int = _NOT_PROVIDED,
+        autoreset_mode: str = _NOT_PROVIDED,
+        partial_reset_ratio: int = _NOT_PROVIDED,
     ) -> "RunnerConfig":
         """Sets how env runners sample (RLlib's `env_runners()`; same names, defaults).
 
-        `max_chunk_length` (jaxrunner only) caps the length of one compiled rollout chunk;
-        a `sample()` that needs more vector steps runs several chunks of the same compiled
-        program.
+        jaxrunner-only options:
+            max_chunk_length: caps the length of one compiled rollout chunk; a `sample()`
+                that needs more vector steps runs several chunks of the same program.
+            autoreset_mode: "gymnax" (default: every sub-env computes a reset each step and
+                selects it where its episode ended) or "partial" (only
+                `ceil(num_envs / partial_reset_ratio)` resets are computed per step and
+                written into the sub-envs that finished; a step where more finish falls
+                back to "gymnax"; every episode still gets its own fresh reset).
+            partial_reset_ratio: see `autoreset_mode` (default 16).
         """
         if num_env_runners is not _NOT_PROVIDED:
             _check_int("num_env_runners", num_env_runners, minimum=0)
@@ -298,6 +308,10 @@ class RunnerConfig:
             _check_choice("batch_mode", batch_mode, _BATCH_MODES)
         if max_chunk_length is not _NOT_PROVIDED:
             _check_int("max_chunk_length", max_chunk_length, minimum=1)
+        if autoreset_mode is not _NOT_PROVIDED:
+            _check_choice("autoreset_mode", autoreset_mode, ("gymnax", "partial"))
+        if partial_reset_ratio is not _NOT_PROVIDED:
+            _check_int("partial_reset_ratio", partial_reset_ratio, minimum=1)
         if env_runner_cls is not _NOT_PROVIDED and env_runner_cls is not None:
             if not isinstance(env_runner_cls, type):
                 raise TypeError(f"env_runner_cls must be a class, got {env_runner_cls!r}.")
@@ -324,6 +338,8 @@ class RunnerConfig:
             explore=explore,
             episodes_to_numpy=episodes_to_numpy,
             max_chunk_length=max_chunk_length,
+            autoreset_mode=autoreset_mode,
+            partial_reset_ratio=partial_reset_ratio,
         )
         return self
 

@@ -61,6 +61,8 @@ class RolloutSpec:
     env_to_module: Any  # ConnectorPipeline: observations -> module inputs
     module_to_env: Any  # ConnectorPipeline: module actions -> env actions
     check_finite: bool = True  # a non-finite observation or reward is a sub-env failure
+    autoreset_mode: str = "gymnax"  # "gymnax" (reset every step, select) or "partial"
+    partial_reset_ratio: int = 16  # "partial": ceil(B / ratio) resets computed per step
     restart_failed_sub_environments: bool = False  # recreate failed sub-envs in the scan
 
 
@@ -155,6 +157,145 @@ def _update_registers(registers: MetricRegisters, traj: Trajectory, start_step: 
     return new, num_new, counted_len
 
 
+def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
+    """The policy half of one vector step, as a pure (jittable) function.
+
+    Returns `act(params, carry, key) -> (actions, env_actions, extras, connector_state,
+    module_state)`: env-to-module connectors, module forward, action distribution and
+    module-to-env connectors for `spec.num_envs` sub-envs. `carry` is anything with the
+    `RolloutCarry` fields `obs`, `is_first`, `prev_action`, `prev_reward`,
+    `connector_state` and `module_state`: the compiled rollout passes its carry, the
+    host-env runner the same fields for a gymnasium vector env. `spec.env` is not used.
+    """
+    if mode not in POLICY_MODES:
+        raise ValueError(f"mode must be one of {POLICY_MODES}, got {mode!r}.")
+    module = spec.module
+    num_envs = spec.num_envs
+    dist_dim = module.action_dist_input_dim
+    stateful = module.is_stateful()
+    batch_leaf = lambda x: jnp.broadcast_to(jnp.asarray(x), (num_envs,) + jnp.shape(x))  # noqa: E731
+
+    def initial_module_state():
+        return jax.tree.map(batch_leaf, module.get_initial_state())
+
+    def act(params: Any, carry: RolloutCarry, key: jax.Array):
+        """Env-to-module connectors, module, action distribution, module-to-env connectors."""
+        ctx = ConnectorContext(is_first=carry.is_first, prev_action=carry.prev_action,
+                               prev_reward=carry.prev_reward)
+        e2m_state, m2e_state = carry.connector_state
+        module_state = carry.module_state
+        if mode == "random":
+            actions = sample_action_space(spec.action_space, key, num_envs)
+            extras = {
+                "action_logp": _uniform_logp(spec.action_space, num_envs),
+                "action_dist_inputs": jnp.zeros((num_envs, dist_dim), jnp.float32),
+            }
+        else:
+            e2m_state, module_obs = spec.env_to_module(e2m_state, carry.obs, ctx)
+            batch = {"obs": module_obs}
+            if stateful:
+                start = carry.is_first
+                batch["state_in"] = jax.tree.map(
+                    lambda init, cur: jnp.where(
+                        start.reshape((-1,) + (1,) * (cur.ndim - 1)), init, cur),
+                    initial_module_state(), module_state)
+            forward = (module.forward_exploration if mode == "explore"
+                       else module.forward_inference)
+            out = forward(params, batch)
+            dist_inputs = out["action_dist_inputs"]
+            dist = module.action_dist(dist_inputs)
+            actions = dist.sample(key) if mode == "explore" else dist.deterministic_sample()
+            extras = {"action_logp": dist.logp(actions).astype(jnp.float32),
+                      "action_dist_inputs": dist_inputs.astype(jnp.float32)}
+            if stateful:
+                module_state = out["state_out"]
+                extras["state_out"] = module_state
+        m2e_state, env_actions = spec.module_to_env(m2e_state, actions, ctx)
+        env_actions = jnp.asarray(env_actions).astype(spec.env_action_dtype)
+        return actions, env_actions, extras, (e2m_state, m2e_state), module_state
+
+    return act
+
+
+AUTORESET_MODES = ("gymnax", "partial")
+
+
+def check_partial_autoreset_env(env: Any) -> None:
+    """Raises ValueError unless `env` is a gymnax Environment using the base `step()`."""
+    from gymnax.environments.environment import Environment
+
+    if not isinstance(env, Environment) or type(env).step is not Environment.step:
+        raise ValueError(
+            f"autoreset_mode='partial' needs a gymnax Environment subclass that keeps the base "
+            f"class's step() (it calls step_env/reset_env/is_truncated itself); "
+            f"{type(env).__name__} does not. Use autoreset_mode='gymnax' for this env."
+        )
+
+
+def make_env_step(spec: RolloutSpec) -> Callable:
+    """`env_step(key, states, actions, env_params) -> (obs, states, reward, terminated,
+    truncated, info)` over the `B` sub-envs, with auto-reset in the same step.
+
+    * "gymnax": gymnax's own `step()`: every sub-env computes a reset every step and the
+      reset is selected where the episode ended.
+    * "partial": the step is taken without resets; then only `R = ceil(B / ratio)` resets
+      are computed and written into the sub-envs that finished (found with a fixed-size
+      `nonzero`). When more than `R` sub-envs finish in the same step, that step falls
+      back to resetting all `B` and selecting, so every episode still starts from its own
+      fresh reset drawn with a fresh key: no two episodes share a start state, and the
+      start-state distribution is the env's `reset_env` distribution, as in "gymnax".
+      Only the keys differ, so the two modes give different (equally distributed) draws.
+    """
+    env = spec.env
+    num_envs = spec.num_envs
+    if spec.autoreset_mode == "gymnax":
+        vmapped_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+        def env_step(key, states, actions, env_params):
+            return vmapped_step(jax.random.split(key, num_envs), states, actions, env_params)
+
+        return env_step
+    if spec.autoreset_mode != "partial":
+        raise ValueError(f"autoreset_mode must be one of {AUTORESET_MODES}, got "
+                         f"{spec.autoreset_mode!r}.")
+    check_partial_autoreset_env(env)
+    resets_per_step = max(1, math.ceil(num_envs / spec.partial_reset_ratio))
+    step_env = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))
+    reset_env = jax.vmap(env.reset_env, in_axes=(0, None))
+    is_truncated = jax.vmap(env.is_truncated, in_axes=(0, None))
+
+    def env_step(key, states, actions, env_params):
+        step_key, reset_key = jax.random.split(key)
+        obs, states, reward, terminated, info = step_env(
+            jax.random.split(step_key, num_envs), states, actions, env_params)
+        truncated = is_truncated(states, env_params)
+        done = jnp.logical_or(terminated, truncated)
+
+        def few(args):
+            step_obs, step_states = args
+            index = jnp.nonzero(done, size=resets_per_step, fill_value=num_envs)[0]
+            new_obs, new_states = reset_env(jax.random.split(reset_key, resets_per_step),
+                                            env_params)
+            put = lambda cur, new: cur.at[index].set(new, mode="drop")  # noqa: E731
+            return jax.tree.map(put, step_obs, new_obs), jax.tree.map(put, step_states,
+                                                                      new_states)
+
+        def every(args):
+            step_obs, step_states = args
+            new_obs, new_states = reset_env(jax.random.split(reset_key, num_envs), env_params)
+            pick = lambda new, cur: jnp.where(  # noqa: E731
+                done.reshape((-1,) + (1,) * (cur.ndim - 1)), new, cur)
+            return jax.tree.map(pick, new_obs, step_obs), jax.tree.map(pick, new_states,
+                                                                       step_states)
+
+        next_obs, next_states = jax.lax.cond(
+            jnp.sum(done.astype(jnp.int32)) <= resets_per_step, few, every, (obs, states))
+        info = {**info, "final_observation": obs}
+        return next_obs, next_states, reward, terminated, truncated, info
+
+    return env_step
+
+
 def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
     """Builds the pure rollout functions for one policy `mode` ("explore", "inference" or
     "random")."""
@@ -162,10 +303,8 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
         raise ValueError(f"mode must be one of {POLICY_MODES}, got {mode!r}.")
     env, module = spec.env, spec.module
     num_envs = spec.num_envs
-    dist_dim = module.action_dist_input_dim
-    stateful = module.is_stateful()
     vmapped_reset = jax.vmap(env.reset, in_axes=(0, None))
-    vmapped_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    env_step = make_env_step(spec)
     batch_leaf = lambda x: jnp.broadcast_to(jnp.asarray(x), (num_envs,) + jnp.shape(x))  # noqa: E731
 
     def initial_module_state():
@@ -208,49 +347,15 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
             module_state=initial_module_state(),
         )
 
-    def act(params: Any, carry: RolloutCarry, key: jax.Array):
-        """Env-to-module connectors, module, action distribution, module-to-env connectors."""
-        ctx = ConnectorContext(is_first=carry.is_first, prev_action=carry.prev_action,
-                               prev_reward=carry.prev_reward)
-        e2m_state, m2e_state = carry.connector_state
-        module_state = carry.module_state
-        if mode == "random":
-            actions = sample_action_space(spec.action_space, key, num_envs)
-            extras = {
-                "action_logp": _uniform_logp(spec.action_space, num_envs),
-                "action_dist_inputs": jnp.zeros((num_envs, dist_dim), jnp.float32),
-            }
-        else:
-            e2m_state, module_obs = spec.env_to_module(e2m_state, carry.obs, ctx)
-            batch = {"obs": module_obs}
-            if stateful:
-                start = carry.is_first
-                batch["state_in"] = jax.tree.map(
-                    lambda init, cur: jnp.where(
-                        start.reshape((-1,) + (1,) * (cur.ndim - 1)), init, cur),
-                    initial_module_state(), module_state)
-            forward = (module.forward_exploration if mode == "explore"
-                       else module.forward_inference)
-            out = forward(params, batch)
-            dist_inputs = out["action_dist_inputs"]
-            dist = module.action_dist(dist_inputs)
-            actions = dist.sample(key) if mode == "explore" else dist.deterministic_sample()
-            extras = {"action_logp": dist.logp(actions).astype(jnp.float32),
-                      "action_dist_inputs": dist_inputs.astype(jnp.float32)}
-            if stateful:
-                module_state = out["state_out"]
-                extras["state_out"] = module_state
-        m2e_state, env_actions = spec.module_to_env(m2e_state, actions, ctx)
-        env_actions = jnp.asarray(env_actions).astype(spec.env_action_dtype)
-        return actions, env_actions, extras, (e2m_state, m2e_state), module_state
+    act = make_act_fn(spec, mode)
 
     def vector_step(carry: RolloutCarry, params: Any, env_params: Any
                     ) -> tuple[RolloutCarry, Trajectory]:
         key, act_key, step_key = jax.random.split(carry.key, 3)
         actions, env_actions, extras, connector_state, module_state = act(
             params, carry, act_key)
-        next_obs, env_state, reward, terminated, truncated, info = vmapped_step(
-            jax.random.split(step_key, num_envs), carry.env_state, env_actions, env_params)
+        next_obs, env_state, reward, terminated, truncated, info = env_step(
+            step_key, carry.env_state, env_actions, env_params)
         reward = jnp.asarray(reward, jnp.float32)
         terminated = jnp.asarray(terminated, jnp.bool_)
         truncated = jnp.asarray(truncated, jnp.bool_)

@@ -25,9 +25,10 @@ from jaxrunner.connectors.env_to_module import default_env_to_module_pieces
 from jaxrunner.connectors.module_to_env import NormalizeAndClipActions
 from jaxrunner.core.carry import Lookback, RolloutCarry
 from jaxrunner.core.rollout import (FAILURE_INFO_KEY, NO_EPISODE_LIMIT, RolloutSpec,
-                                   make_rollout_fns, sample_action_space)
+                                   check_partial_autoreset_env, make_rollout_fns,
+                                   sample_action_space)
 from jaxrunner.envs.context import EnvContext
-from jaxrunner.envs.registry import make_jax_env
+from jaxrunner.envs.gymnasium_env import create_with_retries, resolve_env
 from jaxrunner.envs.spaces import action_dtype, batched_space, to_gymnasium
 from jaxrunner.episodes.batch import EpisodeBatch
 from jaxrunner.errors import SampleArgumentError, StateStructureError
@@ -114,6 +115,7 @@ class SingleAgentEnvRunner(EnvRunner):
         self.env = None
         self.env_params = None
         self.env_name: str | None = None
+        self._host = None  # HostEnvEngine when config.env is a gymnasium (host) env
         self.module = None
         self._params = None
         self._weights_seq_no = 0
@@ -130,20 +132,44 @@ class SingleAgentEnvRunner(EnvRunner):
 
     # ------------------------------------------------------------------ construction
     def make_env(self) -> None:
-        """Builds the env from `config.env` and checks that it jits with the vmap."""
+        """Builds the env from `config.env`: a compiled env (checked to jit with the vmap)
+        or a gymnasium env stepped on the host (`jaxrunner.runners.host_env`).
+
+        Exceptions raised while creating it are retried (each logged) up to
+        `num_consecutive_sub_env_failures_tolerance` times with
+        `restart_failed_sub_environments`; otherwise they raise `RuntimeError` naming it."""
         cfg = self.config
         if isinstance(cfg.env_config, EnvContext):
             context = cfg.env_config
         else:
             context = EnvContext(cfg.env_config, worker_index=self.worker_index,
                                  num_workers=self.num_workers)
-        env, env_params, name = make_jax_env(cfg.env, context)
-        act_space_gx = env.action_space(env_params)
-        self.observation_space = to_gymnasium(env.observation_space(env_params))
-        self.action_space = to_gymnasium(act_space_gx)
-        self._env_action_dtype = action_dtype(act_space_gx)
-        self._check_env_jits(env, env_params, name)
-        self.env, self.env_params, self.env_name = env, env_params, name
+        kind, resolved = create_with_retries(
+            lambda: resolve_env(cfg.env, context, self.num_envs),
+            restart=cfg.restart_failed_sub_environments,
+            tolerance=cfg.num_consecutive_sub_env_failures_tolerance,
+            what=f"the env {cfg.env!r}")
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+        if kind == "host":
+            from jaxrunner.runners.host_env import HostEnvEngine
+
+            host = HostEnvEngine(self, resolved)
+            self.observation_space, self.action_space = host.observation_space, host.action_space
+            self._env_action_dtype = host.env_action_dtype
+            self._host = host
+            self.env, self.env_params, self.env_name = host.env, None, host.name
+        else:
+            env, env_params, name = resolved
+            act_space_gx = env.action_space(env_params)
+            self.observation_space = to_gymnasium(env.observation_space(env_params))
+            self.action_space = to_gymnasium(act_space_gx)
+            self._env_action_dtype = action_dtype(act_space_gx)
+            self._check_env_jits(env, env_params, name)
+            if cfg.autoreset_mode == "partial":
+                check_partial_autoreset_env(env)
+            self.env, self.env_params, self.env_name = env, env_params, name
         self._carry = None
         self._needs_reset = True
         self._compiled = {}
@@ -199,9 +225,12 @@ class SingleAgentEnvRunner(EnvRunner):
         """Both pipelines must keep the batch axis and produce what the spaces say."""
         num_envs = self.num_envs
         key = jax.random.key(0)
-        obs = jax.eval_shape(
-            lambda k: jax.vmap(self.env.reset, in_axes=(0, None))(
-                jax.random.split(k, num_envs), self.env_params)[0], key)
+        if self._host is not None:
+            obs = jax.eval_shape(lambda: self._host._obs_zeros())
+        else:
+            obs = jax.eval_shape(
+                lambda k: jax.vmap(self.env.reset, in_axes=(0, None))(
+                    jax.random.split(k, num_envs), self.env_params)[0], key)
         action = jax.eval_shape(lambda k: sample_action_space(self.action_space, k, num_envs),
                                 key)
         ctx = ConnectorContext(is_first=jax.ShapeDtypeStruct((num_envs,), jnp.bool_),
@@ -308,6 +337,8 @@ class SingleAgentEnvRunner(EnvRunner):
                 metrics_window=self.config.metrics_window,
                 env_to_module=self.env_to_module, module_to_env=self.module_to_env,
                 check_finite=self.config.check_finite,
+                autoreset_mode=self.config.autoreset_mode,
+                partial_reset_ratio=self.config.partial_reset_ratio,
                 restart_failed_sub_environments=self.config.restart_failed_sub_environments,
             )
             fns = make_rollout_fns(spec, mode)
@@ -320,7 +351,9 @@ class SingleAgentEnvRunner(EnvRunner):
         return self._compiled[mode]
 
     def _ensure_carry(self) -> None:
-        if self._carry is None:
+        if self._carry is None and self._host is not None:
+            self._carry, self._lookback = self._host.init_carry()  # reset at next sample()
+        elif self._carry is None:
             fns = self._fns("explore")
             self._carry = fns["init_carry"](jax.random.fold_in(self._base_key, 2),
                                             self.env_params)
@@ -356,6 +389,13 @@ class SingleAgentEnvRunner(EnvRunner):
                 num_timesteps = self._chunk_len_for_default() * self.num_envs
             else:
                 num_episodes = self.num_envs
+        if self._host is not None:
+            batch, vector_steps, env_steps, discarded = self._host.sample(
+                mode, num_timesteps, num_episodes, force_reset)
+            self._metrics.record_sample(vector_steps=vector_steps, env_steps=env_steps,
+                                        discarded_env_steps=discarded, start_time=start_time,
+                                        end_time=time.perf_counter())
+            return batch
         fns = self._fns(mode)
         recreations = 0
         while True:
@@ -555,6 +595,19 @@ class SingleAgentEnvRunner(EnvRunner):
         self.num_env_steps_sampled_lifetime = self._metrics.env_steps_lifetime
         return metrics
 
+    def get_metrics_window(self) -> dict[str, np.ndarray]:
+        """The finished episodes in this runner's smoothing window as host arrays:
+        `episode_return`, `episode_len`, `episode_duration_sec` (each `(n,)`, n <= W).
+
+        `EnvRunnerGroup.get_metrics()` merges these windows so that means are taken over
+        all runners' episodes, not averaged per runner. Changes nothing (no reduce).
+        """
+        from jaxrunner.core.carry import MetricRegisters
+
+        registers = (MetricRegisters.create(1) if self._carry is None
+                     else self._carry.metrics)
+        return self._metrics.window_values(jax.device_get(registers))
+
     # ------------------------------------------------------------------ state
     def get_state(self, components: Any = None, *, not_components: Any = None,
                   inference_only: bool = True, **kwargs: Any) -> dict[str, Any]:
@@ -595,6 +648,7 @@ class SingleAgentEnvRunner(EnvRunner):
                 else:
                     state[name] = {}
         if selected(COMPONENT_CARRY) and self.env is not None:
+            self._check_carry_capturable()
             self._ensure_carry()
             carry, lookback = jax.device_get(
                 (self._carry.replace(key=jax.random.key_data(self._carry.key)),
@@ -645,6 +699,7 @@ class SingleAgentEnvRunner(EnvRunner):
         carry_state = state.get(COMPONENT_CARRY)
         new_carry = None
         if carry_state is not None:
+            self._check_carry_capturable()
             self._ensure_carry()
             current = jax.device_get(
                 (self._carry.replace(key=jax.random.key_data(self._carry.key)),
@@ -688,6 +743,16 @@ class SingleAgentEnvRunner(EnvRunner):
             for index, value in connector_updates.items():
                 states[index] = jax.tree.map(jnp.asarray, value)
             self._carry = self._carry.replace(connector_state=tuple(states))
+
+    def _check_carry_capturable(self) -> None:
+        if self._host is not None:
+            raise ValueError(
+                f"The {COMPONENT_CARRY!r} state component is not available for the host "
+                f"(gymnasium) env {self.env_name!r}: its state lives in Python objects the "
+                "runner cannot capture or restore. get_state()/set_state() of the other "
+                "components (weights, connector states, counters) work; a restored runner "
+                "starts new episodes."
+            )
 
     def _pipelines(self) -> list[tuple[str, ConnectorPipeline]]:
         return [(COMPONENT_ENV_TO_MODULE_CONNECTOR, self.env_to_module),
@@ -737,6 +802,8 @@ class SingleAgentEnvRunner(EnvRunner):
         self._carry = None
         self._lookback = None
         self._compiled = {}
+        if self._host is not None:
+            self._host.close()
 
     @property
     def weights_seq_no(self) -> int:
