@@ -55,6 +55,7 @@ _DEFAULTS: dict[str, Any] = {
     # jaxrunner-specific env_runners() options.
     "max_chunk_length": 256,
     "autoreset_mode": "gymnax",
+    "shard_envs_across_devices": True,
     "partial_reset_ratio": 16,
     # training() values RLlib uses to derive rollout_fragment_length="auto".
     "train_batch_size_per_learner": 4000,
@@ -249,6 +250,7 @@ class RunnerConfig:
         max_chunk_length: int = _NOT_PROVIDED,
         autoreset_mode: str = _NOT_PROVIDED,
         partial_reset_ratio: int = _NOT_PROVIDED,
+        shard_envs_across_devices: bool = _NOT_PROVIDED,
     ) -> "RunnerConfig":
         """Sets how env runners sample (RLlib's `env_runners()`; same names, defaults).
 
@@ -261,6 +263,9 @@ class RunnerConfig:
                 written into the sub-envs that finished; a step where more finish falls
                 back to "gymnax"; every episode still gets its own fresh reset).
             partial_reset_ratio: see `autoreset_mode` (default 16).
+            shard_envs_across_devices: split the sub-envs over all local devices with
+                `jax.sharding` (default True; needs `num_envs_per_env_runner` divisible by
+                the device count, else one device is used).
         """
         if num_env_runners is not _NOT_PROVIDED:
             _check_int("num_env_runners", num_env_runners, minimum=0)
@@ -294,6 +299,7 @@ class RunnerConfig:
             ("broadcast_env_runner_states", broadcast_env_runner_states),
             ("explore", explore),
             ("episodes_to_numpy", episodes_to_numpy),
+            ("shard_envs_across_devices", shard_envs_across_devices),
         ):
             if value is not _NOT_PROVIDED:
                 _check_bool(name, value)
@@ -340,6 +346,7 @@ class RunnerConfig:
             max_chunk_length=max_chunk_length,
             autoreset_mode=autoreset_mode,
             partial_reset_ratio=partial_reset_ratio,
+            shard_envs_across_devices=shard_envs_across_devices,
         )
         return self
 

@@ -35,6 +35,7 @@ from jaxrunner.errors import SampleArgumentError, StateStructureError
 from jaxrunner.metrics.logger import RunnerMetrics
 from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModuleSpec
 from jaxrunner.runners.env_runner import EnvRunner
+from jaxrunner.runners.sharding import make_env_mesh, replicate, shard_carry
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class SingleAgentEnvRunner(EnvRunner):
         self._needs_reset = True
         self._compiled: dict[str, Any] = {}
         self._stopped = False
+        self._mesh = make_env_mesh(self.num_envs, cfg.shard_envs_across_devices)
         if (worker_index is None or worker_index > 0 or cfg.create_env_on_local_worker
                 or cfg.num_env_runners == 0):
             self.make_env()
@@ -359,6 +361,13 @@ class SingleAgentEnvRunner(EnvRunner):
                                             self.env_params)
             self._lookback = fns["init_lookback"](self._carry, self._params, self.env_params)
             self._needs_reset = False
+            self._place_on_devices()
+
+    def _place_on_devices(self) -> None:
+        """Shards the sub-envs over the local devices (see `jaxrunner.runners.sharding`)."""
+        if self._mesh is not None and self._carry is not None:
+            self._carry, self._lookback = shard_carry(self._carry, self._lookback, self._mesh)
+            self._params = replicate(self._params, self._mesh)
 
     # ------------------------------------------------------------------ sampling
     def sample(self, *, num_timesteps: int | None = None, num_episodes: int | None = None,
@@ -743,6 +752,8 @@ class SingleAgentEnvRunner(EnvRunner):
             for index, value in connector_updates.items():
                 states[index] = jax.tree.map(jnp.asarray, value)
             self._carry = self._carry.replace(connector_state=tuple(states))
+        if new_params is not None or new_carry is not None or connector_updates:
+            self._place_on_devices()
 
     def _check_carry_capturable(self) -> None:
         if self._host is not None:
