@@ -69,8 +69,11 @@ class Trajectory:
     truncated: jax.Array  # (T, B) bool
     final_obs: Any  # (T, B, *obs_shape): next observation before any auto-reset
     extra_model_outputs: dict  # name -> (T, B, ...): "action_logp", "action_dist_inputs"
-    episode_return: jax.Array  # (T, B) float32: return of the episode up to and incl. step t
-    episode_len: jax.Array  # (T, B) int32: length of the episode up to and incl. step t
+    # (T, B) return / length of the episode up to and incl. step t, or None: the compiled
+    # rollout does not record them per step (the metric ring derives them from the
+    # rewards and the chunk-start counters); host-stepped envs may.
+    episode_return: jax.Array | None
+    episode_len: jax.Array | None
     failed: jax.Array  # (T, B) bool: the sub-env failed at this step (episode discarded)
     valid: jax.Array  # (T,) bool
 

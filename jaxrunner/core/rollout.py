@@ -120,19 +120,60 @@ def _roll_lookback(old: jax.Array, new: jax.Array, num_new: jax.Array) -> jax.Ar
     return jax.lax.dynamic_slice_in_dim(joined, num_new, length, axis=0)
 
 
+def _episode_stats_at(traj: Trajectory, flat_positions: jax.Array,
+                      start_episode_len: jax.Array, start_episode_return: jax.Array):
+    """Length and return of the episodes ending at `flat_positions` (into `(T, B)`).
+
+    For each position, the steps of its episode in this chunk are those after the last
+    end (done or failure) before it in the same sub-env column; earlier steps come from
+    the carry at chunk start. Only `(T, len(flat_positions))` work: no per-step outputs."""
+    chunk_len, num_envs = traj.rewards.shape
+    t_end = flat_positions // num_envs
+    column = flat_positions % num_envs
+    ended = (traj.terminated | traj.truncated | traj.failed) & traj.valid[:, None]
+    steps = jnp.arange(chunk_len, dtype=jnp.int32)[:, None]
+    ended_cols = ended[:, column]  # (T, W)
+    before = ended_cols & (steps < t_end[None, :])
+    prev_end = jnp.max(jnp.where(before, steps, -1), axis=0)  # (W,)
+    in_episode = (steps > prev_end[None, :]) & (steps <= t_end[None, :])
+    rewards = jnp.sum(jnp.where(in_episode, traj.rewards[:, column], 0.0), axis=0)
+    from_start = prev_end < 0
+    length = t_end - prev_end + jnp.where(from_start, start_episode_len[column], 0)
+    ret = rewards + jnp.where(from_start, start_episode_return[column], 0.0)
+    return length.astype(jnp.int32), ret.astype(jnp.float32)
+
+
+def episode_len_per_step(traj: Trajectory, start_episode_len: jax.Array) -> jax.Array:
+    """(T, B) int32: length of each step's episode up to and including the step, derived
+    from the end flags (done or failed) and the chunk-start lengths `(B,)`."""
+    if traj.episode_len is not None:
+        return traj.episode_len
+    chunk_len, num_envs = traj.rewards.shape
+    ended = (traj.terminated | traj.truncated | traj.failed) & traj.valid[:, None]
+    steps = jnp.arange(chunk_len, dtype=jnp.int32)[:, None]
+    last_end = jax.lax.cummax(jnp.where(ended, steps, -1), axis=0)
+    prev_end = jnp.concatenate([jnp.full((1, num_envs), -1, jnp.int32), last_end[:-1]])
+    return steps - prev_end + jnp.where(prev_end < 0, start_episode_len[None, :], 0)
+
+
 def _update_registers(registers: MetricRegisters, traj: Trajectory, start_step: jax.Array,
-                      episodes_limit: jax.Array
+                      episodes_limit: jax.Array, *, start_episode_len: jax.Array | None = None,
+                      start_episode_return: jax.Array | None = None,
                       ) -> tuple[MetricRegisters, jax.Array, jax.Array]:
     """Writes the episodes finished in `traj` (in (t, b) order, at most
     `episodes_limit`) into the ring; returns the new registers, the number of episodes
     written and their summed lengths.
 
     Only the last `W` counted episodes can survive in the ring, so they are located with
-    a cumulative count and `W` binary searches, and only `W` slots are written.
+    a cumulative count and `W` binary searches, and only `W` slots are written. Their
+    lengths and returns come from `traj.episode_len` / `traj.episode_return` when the
+    trajectory records them per step, else from the rewards and the chunk-start counters
+    (`start_episode_len`, `start_episode_return`, `(B,)`).
     """
     chunk_len, num_envs = traj.rewards.shape
     window = registers.window_return.shape[0]
-    done = ((traj.terminated | traj.truncated) & traj.valid[:, None]).reshape(-1)
+    done_2d = (traj.terminated | traj.truncated) & traj.valid[:, None]
+    done = done_2d.reshape(-1)
     cumulative = jnp.cumsum(done.astype(jnp.int32))  # (T*B,) episodes finished so far
     num_new = jnp.minimum(cumulative[-1], episodes_limit)
     # 1-based rank (among this chunk's counted episodes) of each ring write, oldest first.
@@ -142,18 +183,24 @@ def _update_registers(registers: MetricRegisters, traj: Trajectory, start_step: 
     position = jnp.minimum(position, chunk_len * num_envs - 1)
     slot = jnp.where(written, (registers.window_next + rank - 1) % window, window)
     end_step = start_step + (position // num_envs).astype(jnp.uint32) + jnp.uint32(1)
+    counted = done & (cumulative <= episodes_limit)
+    if traj.episode_return is not None:
+        lengths = traj.episode_len.reshape(-1)[position]
+        returns = traj.episode_return.reshape(-1)[position]
+        counted_len = jnp.sum(jnp.where(counted, traj.episode_len.reshape(-1), 0))
+    else:
+        lengths, returns = _episode_stats_at(traj, position, start_episode_len,
+                                             start_episode_return)
+        length_at = episode_len_per_step(traj, start_episode_len)
+        counted_len = jnp.sum(jnp.where(counted.reshape(chunk_len, num_envs), length_at, 0))
     new = registers.replace(
-        window_return=registers.window_return.at[slot].set(
-            traj.episode_return.reshape(-1)[position], mode="drop"),
-        window_len=registers.window_len.at[slot].set(
-            traj.episode_len.reshape(-1)[position], mode="drop"),
+        window_return=registers.window_return.at[slot].set(returns, mode="drop"),
+        window_len=registers.window_len.at[slot].set(lengths, mode="drop"),
         window_end_step=registers.window_end_step.at[slot].set(end_step, mode="drop"),
         window_next=(registers.window_next + num_new) % window,
         window_size=jnp.minimum(registers.window_size + num_new, window),
         episodes=registers.episodes + num_new.astype(jnp.uint32),
     )
-    counted = done & (cumulative <= episodes_limit)
-    counted_len = jnp.sum(jnp.where(counted, traj.episode_len.reshape(-1), 0))
     return new, num_new, counted_len
 
 
@@ -406,8 +453,8 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
         record = Trajectory(
             obs=carry.obs, actions=actions, rewards=reward, terminated=terminated,
             truncated=truncated, final_obs=final_obs,
-            extra_model_outputs=extras, episode_return=episode_return,
-            episode_len=episode_len, failed=failed, valid=jnp.ones((), jnp.bool_))
+            extra_model_outputs=extras, episode_return=None, episode_len=None,
+            failed=failed, valid=jnp.ones((), jnp.bool_))
         return new_carry, record
 
     def init_lookback(carry: RolloutCarry, params: Any, env_params: Any) -> Lookback:
@@ -443,8 +490,9 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
         (carry, _), traj = jax.lax.scan(body, (carry, jnp.zeros((), jnp.int32)),
                                         jnp.arange(spec.chunk_len, dtype=jnp.int32))
         steps_taken = jnp.sum(traj.valid.astype(jnp.int32))
-        metrics, num_counted, counted_len = _update_registers(carry.metrics, traj, start.vector_step,
-                                                 episodes_limit)
+        metrics, num_counted, counted_len = _update_registers(
+            carry.metrics, traj, start.vector_step, episodes_limit,
+            start_episode_len=start.episode_len, start_episode_return=start.episode_return)
         carry = carry.replace(metrics=metrics)
         roll = lambda old, new: _roll_lookback(old, new, steps_taken)  # noqa: E731
         lookback = Lookback(
@@ -457,7 +505,8 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
         failed = traj.failed & traj.valid[:, None]
         steps_in_call = (call_step_offset + 1
                          + jnp.arange(spec.chunk_len, dtype=jnp.int32))[:, None]
-        discarded = jnp.sum(jnp.where(failed, jnp.minimum(traj.episode_len, steps_in_call), 0))
+        length_at = episode_len_per_step(traj, start.episode_len)
+        discarded = jnp.sum(jnp.where(failed, jnp.minimum(length_at, steps_in_call), 0))
         any_failed = jnp.any(failed)
         first = jnp.argmax(failed.reshape(-1))
         info = ChunkInfo(num_steps=steps_taken, num_episodes=num_counted,

@@ -1,0 +1,1 @@
+"""jaxrunner benchmarks (run `python -m benchmarks`; see suite.py)."""

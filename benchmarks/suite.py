@@ -1,0 +1,296 @@
+"""The benchmark suite: throughput sweeps against peers, auto-reset strategies, memory,
+host RSS and compile time. JSON to benchmarks/results/suite.json, a PNG plot beside it.
+
+    python -m benchmarks            # full sweep (about 15 minutes on a 2-core CPU)
+    python -m benchmarks --quick    # small sweep (a few minutes)
+
+Samplers, measured in alternating rounds in one process (ratios are what to compare):
+- jaxrunner `sample()` (auto-reset "gymnax" and, for random actions, "partial");
+- a bare hand-written `lax.scan` of the same env and policy (`jaxrunner.benchmarking`);
+- a `gymnasium.vector` loop of the numpy env with the same policy jitted (CartPole,
+  Pendulum);
+- RLlib's `SingleAgentEnvRunner` (CartPole, 64x64 torch MLP), when `ray[rllib]` and torch
+  are installed (`pip install -e ".[bench]"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrunner.benchmarking import compare, machine_info, make_bare_scan, make_jaxrunner
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+HIDDENS = (64, 64)
+
+
+def make_gymnasium_loop(env_id: str, num_envs: int, num_steps: int, random_actions: bool):
+    """A `gymnasium.vector.SyncVectorEnv` loop with the same MLP policy jitted per step."""
+    import gymnasium as gym
+
+    from jaxrunner.benchmarking import _PolicyNet
+
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+    discrete = isinstance(envs.single_action_space, gym.spaces.Discrete)
+    out_dim = (envs.single_action_space.n if discrete
+               else 2 * envs.single_action_space.shape[0])
+    net = _PolicyNet(HIDDENS, out_dim)
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    weights = net.init(jax.random.key(0), jnp.zeros((1, obs_dim)))
+
+    @jax.jit
+    def policy(obs, key):
+        out = net.apply(weights, obs)
+        if discrete:
+            return jax.random.categorical(key, out)
+        mean, log_std = jnp.split(out, 2, axis=-1)
+        return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+
+    holder = {"obs": envs.reset(seed=0)[0], "key": jax.random.key(0)}
+
+    def run():
+        obs, key = holder["obs"], holder["key"]
+        for _ in range(num_steps):
+            if random_actions:
+                action = envs.action_space.sample()
+            else:
+                key, sub = jax.random.split(key)
+                action = np.asarray(policy(obs, sub))
+                if not discrete:
+                    action = np.clip(action, envs.single_action_space.low,
+                                     envs.single_action_space.high)
+            obs, _, _, _, _ = envs.step(action)
+        holder["obs"], holder["key"] = obs, key
+
+    run()
+    return run
+
+
+def make_rllib_runner(num_envs: int, num_steps: int, random_actions: bool):
+    """RLlib's own SingleAgentEnvRunner on gymnasium CartPole-v1 (64x64 torch MLP)."""
+    import logging
+
+    logging.disable(logging.WARNING)
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    config = (PPOConfig().environment("CartPole-v1")
+              .env_runners(num_envs_per_env_runner=num_envs, num_env_runners=0)
+              .rl_module(model_config={"fcnet_hiddens": list(HIDDENS)}))
+    runner = SingleAgentEnvRunner(config=config)
+    runner.sample(num_timesteps=num_envs * 4, random_actions=random_actions)
+
+    def run():
+        runner.sample(num_timesteps=num_envs * num_steps, random_actions=random_actions)
+
+    return run
+
+
+def _rllib_available() -> bool:
+    try:
+        import ray.rllib  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def throughput_sweep(env_id: str, num_envs_list, random_actions: bool, rounds: int,
+                     with_gymnasium: bool, with_rllib: bool, log) -> list[dict[str, Any]]:
+    cases = []
+    for num_envs in num_envs_list:
+        num_steps = 128 if num_envs >= 64 else 256
+        sides, first_call = {}, {}
+        sides["jaxrunner"], first_call["jaxrunner"] = make_jaxrunner(
+            env_id, num_envs, num_steps, HIDDENS, random_actions)
+        if random_actions:
+            sides["jaxrunner_partial_reset"], first_call["jaxrunner_partial_reset"] = (
+                make_jaxrunner(env_id, num_envs, num_steps, HIDDENS, random_actions,
+                               autoreset_mode="partial"))
+        sides["bare_scan"] = make_bare_scan(env_id, num_envs, num_steps, HIDDENS,
+                                            random_actions)
+        steps_per_call = {name: num_envs * num_steps for name in sides}
+        if with_gymnasium and num_envs <= 1024:
+            host_steps = max(4, min(num_steps, 20_000 // num_envs))
+            sides["gymnasium_vector"] = make_gymnasium_loop(env_id, num_envs, host_steps,
+                                                            random_actions)
+            steps_per_call["gymnasium_vector"] = num_envs * host_steps
+        if with_rllib and num_envs <= 1024:
+            host_steps = max(4, min(num_steps, 20_000 // num_envs))
+            sides["rllib_env_runner"] = make_rllib_runner(num_envs, host_steps,
+                                                          random_actions)
+            steps_per_call["rllib_env_runner"] = num_envs * host_steps
+        result = _compare_mixed(sides, steps_per_call, rounds)
+        result.update({"env": env_id, "num_envs": num_envs,
+                       "policy": "random" if random_actions else "mlp64x64 explore",
+                       "first_sample_s": first_call})
+        cases.append(result)
+        log(f"{env_id} {'random' if random_actions else 'mlp'} num_envs={num_envs}: " + ", ".join(
+            f"{k} {v:,.0f}/s" for k, v in result["steps_per_s"].items()))
+        del sides
+        gc.collect()
+    return cases
+
+
+def _compare_mixed(sides, steps_per_call, rounds):
+    timings = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, run in sides.items():
+            start = time.perf_counter()
+            run()
+            timings[name].append(time.perf_counter() - start)
+    best = {name: steps_per_call[name] / min(t) for name, t in timings.items()}
+    out = {"steps_per_s": best}
+    if "bare_scan" in timings:
+        ratios = {}
+        for name, t in timings.items():
+            if name == "bare_scan":
+                continue
+            per_round = [(steps_per_call[name] / own) / (steps_per_call["bare_scan"] / ref)
+                         for own, ref in zip(t, timings["bare_scan"])]
+            ratios[name] = float(np.median(per_round))
+        out["ratio_to_bare_scan"] = ratios
+    return out
+
+
+def memory_per_step(env_id: str = "CartPole-v1", num_envs: int = 4096,
+                    num_steps: int = 128) -> dict[str, Any]:
+    """Device bytes the compiled chunk needs (outputs + temporaries) per sampled step,
+    against the raw trajectory bytes per step (obs, next obs, action, reward, flags)."""
+    from jaxrunner import RunnerConfig, SingleAgentEnvRunner
+
+    config = (RunnerConfig().environment(env_id)
+              .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=num_steps)
+              .rl_module(model_config={"fcnet_hiddens": list(HIDDENS)}).debugging(seed=0))
+    runner = SingleAgentEnvRunner(config=config)
+    runner.sample()
+    fns = runner._fns("explore")
+    lowered = fns["chunk"].lower(runner._carry, runner._lookback, runner._params,
+                                 runner.env_params, np.int32(num_steps), np.int32(2**31 - 1),
+                                 np.int32(0))
+    analysis = lowered.compile().memory_analysis()
+    obs_shape = runner.observation_space.shape
+    obs_bytes = int(np.prod(obs_shape)) * 4
+    act_bytes = int(np.prod(runner.action_space.shape or (1,))) * 4
+    raw_per_step = 2 * obs_bytes + act_bytes + 4 + 2  # obs, next obs, action, reward, flags
+    steps = num_envs * num_steps
+    used = analysis.output_size_in_bytes + analysis.temp_size_in_bytes
+    return {"env": env_id, "num_envs": num_envs, "num_steps": num_steps,
+            "output_bytes": analysis.output_size_in_bytes,
+            "temp_bytes": analysis.temp_size_in_bytes,
+            "bytes_per_step": used / steps, "raw_trajectory_bytes_per_step": raw_per_step,
+            "ratio": used / steps / raw_per_step}
+
+
+def host_rss_over_calls(calls: int = 1000) -> dict[str, Any]:
+    """Host RSS before and after `calls` small `sample()` calls (after warm-up)."""
+    import psutil
+
+    from jaxrunner import RunnerConfig, SingleAgentEnvRunner
+
+    config = (RunnerConfig().environment("CartPole-v1")
+              .env_runners(num_envs_per_env_runner=64, rollout_fragment_length=32)
+              .rl_module(model_config={"fcnet_hiddens": [16]}).debugging(seed=0))
+    runner = SingleAgentEnvRunner(config=config)
+    process = psutil.Process()
+    for _ in range(50):
+        runner.sample()
+    runner.get_metrics()
+    gc.collect()
+    before = process.memory_info().rss
+    samples = []
+    for i in range(calls):
+        runner.sample()
+        if i % 100 == 99:
+            runner.get_metrics()
+            gc.collect()
+            samples.append(process.memory_info().rss)
+    after = process.memory_info().rss
+    return {"calls": calls, "rss_before_mb": before / 2**20, "rss_after_mb": after / 2**20,
+            "growth_mb": (after - before) / 2**20,
+            "rss_every_100_calls_mb": [s / 2**20 for s in samples]}
+
+
+def compile_times(env_ids=None, num_envs: int = 64) -> dict[str, float]:
+    """Wall time of each env's first `sample()` (compilation included)."""
+    from jaxrunner.envs.registry import gymnax_env_ids
+
+    out = {}
+    for env_id in env_ids or gymnax_env_ids():
+        _, seconds = make_jaxrunner(env_id, num_envs, 128, HIDDENS, False)
+        out[env_id] = seconds
+    return out
+
+
+def plot(cases: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {}
+    for case in cases:
+        groups.setdefault((case["env"], case["policy"]), []).append(case)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    for ax, ((env, policy), group) in zip(axes[0], groups.items()):
+        samplers = sorted({name for c in group for name in c["steps_per_s"]})
+        for name in samplers:
+            points = [(c["num_envs"], c["steps_per_s"][name]) for c in group
+                      if name in c["steps_per_s"]]
+            ax.plot(*zip(*points), marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("num_envs")
+        ax.set_ylabel("env steps / s")
+        ax.set_title(f"{env} ({policy})")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description="jaxrunner benchmark suite")
+    parser.add_argument("--quick", action="store_true", help="small sweep")
+    parser.add_argument("--output", default=os.path.join(RESULTS, "suite.json"))
+    parser.add_argument("--no-rllib", action="store_true")
+    args = parser.parse_args(argv)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    sizes = [1, 128, 1024, 4096] if args.quick else [1, 16, 128, 1024, 4096, 16384]
+    rounds = 3 if args.quick else 5
+    with_rllib = not args.no_rllib and _rllib_available()
+    results: dict[str, Any] = {"machine": machine_info(), "cases": []}
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    plan = [("CartPole-v1", False, True, with_rllib), ("CartPole-v1", True, True, with_rllib),
+            ("Breakout-MinAtar", False, False, False), ("Pendulum-v1", False, True, False)]
+    for env_id, random_actions, with_gym, rllib in plan:
+        env_sizes = [s for s in sizes if not (env_id == "Breakout-MinAtar" and s > 4096)]
+        results["cases"] += throughput_sweep(env_id, env_sizes, random_actions, rounds,
+                                             with_gym, rllib, log)
+    results["memory"] = memory_per_step()
+    log(f"memory: {results['memory']['bytes_per_step']:.1f} bytes/step, "
+        f"{results['memory']['ratio']:.2f}x the raw trajectory bytes")
+    results["host_rss"] = host_rss_over_calls(200 if args.quick else 1000)
+    log(f"host RSS growth over {results['host_rss']['calls']} calls: "
+        f"{results['host_rss']['growth_mb']:.1f} MB")
+    results["first_sample_s"] = compile_times(
+        ["CartPole-v1", "Breakout-MinAtar", "Pendulum-v1"] if args.quick else None)
+    log("first sample() (compile included): " + ", ".join(
+        f"{k} {v:.2f}s" for k, v in results["first_sample_s"].items()))
+    with open(args.output, "w") as f:
+        json.dump(results, f, indent=1)
+    plot(results["cases"], os.path.splitext(args.output)[0] + ".png")
+    log(f"wrote {args.output}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
