@@ -177,10 +177,12 @@ def memory_per_step(env_id: str = "CartPole-v1", num_envs: int = 4096,
                                  runner.env_params, np.int32(num_steps), np.int32(2**31 - 1),
                                  np.int32(0))
     analysis = lowered.compile().memory_analysis()
-    obs_shape = runner.observation_space.shape
-    obs_bytes = int(np.prod(obs_shape)) * 4
-    act_bytes = int(np.prod(runner.action_space.shape or (1,))) * 4
-    raw_per_step = 2 * obs_bytes + act_bytes + 4 + 2  # obs, next obs, action, reward, flags
+    traj = runner.sample().chunks[0]
+    # Raw trajectory bytes: the per-step data itself (observation, final observation,
+    # action, reward, terminated, truncated, action_logp, action_dist_inputs).
+    data = (traj.obs, traj.final_obs, traj.actions, traj.rewards, traj.terminated,
+            traj.truncated, traj.extra_model_outputs)
+    raw_per_step = sum(leaf.nbytes for leaf in jax.tree.leaves(data)) / (num_envs * num_steps)
     steps = num_envs * num_steps
     used = analysis.output_size_in_bytes + analysis.temp_size_in_bytes
     return {"env": env_id, "num_envs": num_envs, "num_steps": num_steps,

@@ -116,8 +116,13 @@ def _roll_lookback(old: jax.Array, new: jax.Array, num_new: jax.Array) -> jax.Ar
     length = old.shape[0]
     if length == 0:
         return old
-    joined = jnp.concatenate([old, new], axis=0)
-    return jax.lax.dynamic_slice_in_dim(joined, num_new, length, axis=0)
+    # Row i of the result is row `num_new - L + i` of concat(old, new), gathered without
+    # materialising the concatenation (which would copy the whole chunk).
+    index = num_new - length + jnp.arange(length, dtype=jnp.int32)
+    from_new = jnp.take(new, jnp.clip(index, 0, new.shape[0] - 1), axis=0)
+    from_old = jnp.take(old, jnp.clip(index + length, 0, length - 1), axis=0)
+    pick_new = (index >= 0).reshape((length,) + (1,) * (old.ndim - 1))
+    return jnp.where(pick_new, from_new, from_old)
 
 
 def _episode_stats_at(traj: Trajectory, flat_positions: jax.Array,
