@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import os
+import tempfile
 from typing import Any, Callable
 
 from jaxrunner.config import RunnerConfig
@@ -70,6 +72,80 @@ class EnvRunner(abc.ABC):
         batch = self.sample()
         state = self.get_state(not_components="rl_module")
         return batch, state, self.get_metrics()
+
+    # ------------------------------------------------------------------ checkpoints
+    #: State components a checkpoint holds (subclasses with other components override).
+    CHECKPOINT_COMPONENTS: tuple[str, ...] = (
+        "rl_module", "env_to_module_connector", "module_to_env_connector", "env_runner_carry")
+
+    def checkpoint_bytes(self) -> bytes:
+        """The runner's whole state (`get_state` of `CHECKPOINT_COMPONENTS`: weights,
+        connector states, counters, RNG key and device carry) in the checkpoint format of
+        `jaxrunner.runners.checkpoint` (a versioned header, then msgpack)."""
+        from jaxrunner.runners import checkpoint
+
+        state = self.get_state(components=list(self.CHECKPOINT_COMPONENTS))
+        return checkpoint.dump_state(state, checkpoint.writer_metadata(self))
+
+    def restore_from_bytes(self, data: bytes, *, source: str = "checkpoint") -> None:
+        """Restores `checkpoint_bytes()` output, possibly of another process.
+
+        Raises `jaxrunner.runners.checkpoint.CheckpointError` for bytes that are foreign,
+        truncated, corrupted or of a newer format, and `StateStructureError` for a state
+        that does not fit this runner; the runner is unchanged in both cases.
+        """
+        from jaxrunner.runners import checkpoint
+
+        template = self.get_state(components=list(self.CHECKPOINT_COMPONENTS))
+        state, header = checkpoint.load_state(data, template, source=source)
+        mine = checkpoint.writer_metadata(self)
+        for key in ("env", "num_envs_per_env_runner"):
+            if header.get(key) != mine[key]:
+                from jaxrunner.errors import StateStructureError
+
+                raise StateStructureError(
+                    f"{source} was written by a runner with {key}={header.get(key)!r}; this "
+                    f"runner has {key}={mine[key]!r}. Restore into a runner built from the "
+                    "same config.")
+        self.set_state(state)
+
+    def save_to_path(self, path: str | os.PathLike | None = None, *,
+                     state: dict[str, Any] | None = None) -> str:
+        """Writes the runner's state into the directory `path` (RLlib's `Checkpointable`
+        signature); returns the directory. With `path=None`, a new temporary directory.
+
+        The file, `<path>/env_runner_state.ckpt`, is written atomically. Restoring it with
+        `restore_from_path` into a runner built from the same config, in any process,
+        makes the next `sample()` equal, bit for bit, to the one this runner would take.
+
+        Args:
+            state: a `get_state(components=CHECKPOINT_COMPONENTS)` dict to write instead
+                of the runner's current state.
+        """
+        from jaxrunner.runners import checkpoint
+
+        path = os.fspath(path) if path is not None else tempfile.mkdtemp(
+            prefix="jaxrunner_ckpt_")
+        if os.path.isfile(path):
+            raise ValueError(f"save_to_path: {path!r} is a file; pass a directory path "
+                             "(created if missing).")
+        data = (self.checkpoint_bytes() if state is None
+                else checkpoint.dump_state(state, checkpoint.writer_metadata(self)))
+        checkpoint.write_file(os.path.join(path, checkpoint.FILE_NAME), data)
+        return path
+
+    def restore_from_path(self, path: str | os.PathLike) -> None:
+        """Restores what `save_to_path` wrote (`path`: its directory, or the file itself)."""
+        from jaxrunner.runners import checkpoint
+
+        file = checkpoint.resolve_file(path)
+        if not os.path.exists(file):
+            raise FileNotFoundError(
+                f"restore_from_path: no checkpoint at {os.fspath(path)!r} (looked for "
+                f"{file!r}); pass the directory save_to_path() returned.")
+        with open(file, "rb") as f:
+            data = f.read()
+        self.restore_from_bytes(data, source=f"checkpoint {file!r}")
 
     def ping(self) -> str:
         """Health probe used by actor managers."""

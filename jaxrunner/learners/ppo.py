@@ -1,0 +1,342 @@
+"""A reference PPO learner that consumes `EpisodeBatch` device arrays.
+
+Small and readable on purpose (CleanRL / PureJaxRL style): it shows how a JAX learner uses
+the runner API, and is not an algorithm zoo.
+
+    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    learner = PPOLearner.from_runner(runner, PPOConfig())
+    learner.push_weights(runner)              # the runner acts with the learner's policy
+    for _ in range(100):
+        batch = runner.sample()               # device arrays, (T, B, ...)
+        stats = learner.update(batch)         # one jitted call: GAE + clipped PPO epochs
+        learner.push_weights(runner)          # runner.set_state({"rl_module", "weights_seq_no"})
+
+`update` reads `batch.trajectory()` on the device (no host transfer). With a group of Ray
+runners, the driver learns and `push_weights(group)` calls `group.sync_weights(...)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from jaxrunner.core.carry import Trajectory
+from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModule, RLModuleSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyperparameters (defaults: PureJaxRL's CartPole settings)."""
+
+    learning_rate: float | Callable[[jax.Array], jax.Array] = 2.5e-4
+    """A float, or an optax schedule of the optimizer step (epochs x minibatches per update)."""
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    num_epochs: int = 4
+    num_minibatches: int = 4
+    max_grad_norm: float = 0.5
+    normalize_advantages: bool = True
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this before GAE (e.g. 0.1 for Pendulum)."""
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("num_epochs", "num_minibatches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PPOConfig.{name} must be an int >= 1, got {value!r}.")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"PPOConfig.{name} must be in [0, 1], got {getattr(self, name)}.")
+
+
+class LearnerState(struct.PyTreeNode):
+    """What the learner carries from one update to the next."""
+
+    params: Any  # full module params: {"pi": ..., "vf": ...}
+    opt_state: Any  # optax state
+    key: jax.Array  # () typed PRNG key, for minibatch shuffling
+
+
+class _Sample(NamedTuple):
+    """One flattened (T * B) row per step, as the loss sees it."""
+
+    obs: Any  # (N, *obs_shape)
+    actions: jax.Array  # (N, *act_shape)
+    logp: jax.Array  # (N,) log-prob under the policy that sampled
+    advantages: jax.Array  # (N,)
+    targets: jax.Array  # (N,) value targets
+    weight: jax.Array  # (N,) 1.0 for taken steps, 0.0 for padding (valid == False)
+
+
+def compute_gae(rewards: jax.Array, values: jax.Array, final_values: jax.Array,
+                terminated: jax.Array, truncated: jax.Array, valid: jax.Array, *,
+                gamma: float, gae_lambda: float) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimates over a time-major chunk, episode boundaries kept.
+
+    The value of the state after step `t` is:
+      * `values[t + 1]` when the episode goes on in the next row (same sub-env);
+      * `final_values[t]` = V(`final_obs[t]`) when the episode was truncated at `t`, or is
+        still running at the end of the chunk (cut: bootstrap from its last observation);
+      * 0 when the episode terminated at `t`.
+    Advantages never flow across an episode end or across a missing (`valid == False`) step.
+
+    Args:
+        rewards: (T, B) float32.
+        values: (T, B) float32, V(obs[t]).
+        final_values: (T, B) float32, V(final_obs[t]) (next observation before any reset).
+        terminated, truncated: (T, B) bool.
+        valid: (T,) bool, False for steps that were not taken.
+
+    Returns:
+        `(advantages, targets)`, both (T, B) float32 and 0 where `valid` is False;
+        `targets = advantages + values`.
+    """
+    done = terminated | truncated
+    valid_next = jnp.concatenate([valid[1:], jnp.zeros((1,), jnp.bool_)])
+    continues = ~done & valid_next[:, None]  # (T, B) the next row is the same episode
+    values_next = jnp.concatenate([values[1:], jnp.zeros_like(values[:1])], axis=0)
+    next_values = jnp.where(continues, values_next, final_values)
+    next_values = jnp.where(terminated, 0.0, next_values)
+    deltas = rewards + gamma * next_values - values
+
+    def backward(next_advantage, inputs):
+        delta, cont = inputs
+        advantage = delta + gamma * gae_lambda * cont * next_advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(backward, jnp.zeros_like(values[0]),
+                                 (deltas, continues.astype(values.dtype)), reverse=True)
+    mask = valid[:, None]
+    advantages = jnp.where(mask, advantages, 0.0)
+    return advantages, jnp.where(mask, advantages + values, 0.0)
+
+
+def clipped_surrogate_loss(log_ratio: jax.Array, advantages: jax.Array,
+                           clip_eps: float) -> jax.Array:
+    """PPO's clipped policy loss per sample: `-min(r * A, clip(r, 1 - eps, 1 + eps) * A)`
+    with `r = exp(log_ratio)` (new over sampling policy)."""
+    ratio = jnp.exp(log_ratio)
+    return -jnp.minimum(ratio * advantages,
+                        jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages)
+
+
+def _action_dist(module: RLModule, inputs: jax.Array):
+    if hasattr(module, "action_dist"):
+        return module.action_dist(inputs)
+    return module.action_dist_cls.from_inputs(inputs)
+
+
+def _weighted_mean(x: jax.Array, weight: jax.Array) -> jax.Array:
+    return jnp.sum(x * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+
+
+class PPOLearner:
+    """Clipped PPO on a full (policy + value) `RLModule`.
+
+    Args:
+        module: a module built with `inference_only=False` (its `forward_train` returns
+            "action_dist_inputs" and "vf_preds").
+        config: `PPOConfig`.
+        params: initial params (default: `module.init(key(config.seed))`).
+    """
+
+    def __init__(self, module: RLModule, config: PPOConfig = PPOConfig(), params: Any = None):
+        if module.inference_only:
+            raise ValueError("PPOLearner needs a module with a value head: build it with "
+                             "RLModuleSpec(inference_only=False).")
+        if getattr(module, "is_stateful", lambda: False)():
+            raise ValueError(f"PPOLearner trains feed-forward modules; "
+                             f"{type(module).__name__} is recurrent.")
+        self.module = module
+        self.config = config
+        key = jax.random.key(config.seed)
+        if params is None:  # one compiled init instead of many small eager ops
+            params = jax.jit(module.init)(jax.random.fold_in(key, 0))
+        self.optimizer = optax.chain(
+            optax.clip_by_global_norm(config.max_grad_norm),
+            optax.adam(config.learning_rate, eps=1e-5),
+        )
+        self.state = LearnerState(params=params, opt_state=self.optimizer.init(params),
+                                  key=jax.random.fold_in(key, 1))
+        self.weights_seq_no = 0
+        self._update = jax.jit(self._update_fn)
+
+    @classmethod
+    def from_runner(cls, runner: Any, config: PPOConfig = PPOConfig()) -> "PPOLearner":
+        """A learner whose module matches `runner`'s (same class and model config) plus a
+        value head. `runner` is a `SingleAgentEnvRunner` or an `EnvRunnerGroup`."""
+        runner_config = runner.config
+        source = getattr(runner, "local_env_runner", runner)  # a group: its local runner
+        obs_space, act_space = source.get_spaces()[DEFAULT_MODULE_ID]
+        spec = runner_config.rl_module_spec or RLModuleSpec()
+        module = RLModuleSpec(
+            module_class=spec.module_class,
+            observation_space=spec.observation_space or obs_space,
+            action_space=spec.action_space or act_space,
+            model_config={**runner_config.model_config_with_defaults,
+                          **(spec.model_config or {})},
+            inference_only=False,
+        ).build()
+        learner = cls(module, config)
+        learner.weights_seq_no = int(getattr(runner, "weights_seq_no", 0) or 0)
+        return learner
+
+    # ------------------------------------------------------------------ the update
+    def _values(self, params: Any, obs: Any) -> jax.Array:
+        return self.module.forward_train(params, {"obs": obs})["vf_preds"]
+
+    def _loss(self, params: Any, sample: _Sample) -> tuple[jax.Array, dict]:
+        cfg = self.config
+        out = self.module.forward_train(params, {"obs": sample.obs})
+        dist = _action_dist(self.module, out["action_dist_inputs"])
+        logp = dist.logp(sample.actions)
+        advantages = sample.advantages
+        if cfg.normalize_advantages:
+            mean = _weighted_mean(advantages, sample.weight)
+            std = jnp.sqrt(_weighted_mean((advantages - mean) ** 2, sample.weight))
+            advantages = (advantages - mean) / (std + 1e-8)
+        log_ratio = logp - sample.logp
+        ratio = jnp.exp(log_ratio)
+        policy_loss = clipped_surrogate_loss(log_ratio, advantages, cfg.clip_eps)
+        value_loss = 0.5 * (out["vf_preds"] - sample.targets) ** 2
+        entropy = dist.entropy()
+        stats = {
+            "policy_loss": _weighted_mean(policy_loss, sample.weight),
+            "vf_loss": _weighted_mean(value_loss, sample.weight),
+            "entropy": _weighted_mean(entropy, sample.weight),
+            "approx_kl": _weighted_mean((ratio - 1) - log_ratio, sample.weight),
+            "clip_fraction": _weighted_mean(
+                (jnp.abs(ratio - 1) > cfg.clip_eps).astype(jnp.float32), sample.weight),
+        }
+        total = (stats["policy_loss"] + cfg.vf_coef * stats["vf_loss"]
+                 - cfg.ent_coef * stats["entropy"])
+        return total, stats
+
+    def _update_fn(self, state: LearnerState, traj: Trajectory
+                   ) -> tuple[LearnerState, dict[str, jax.Array]]:
+        cfg = self.config
+        num_steps, num_envs = traj.rewards.shape
+        n = num_steps * num_envs
+        flat = lambda x: x.reshape((n,) + x.shape[2:])  # noqa: E731
+        obs = jax.tree.map(flat, traj.obs)
+        values = self._values(state.params, obs).reshape(num_steps, num_envs)
+        final_values = self._values(state.params, jax.tree.map(flat, traj.final_obs)
+                                    ).reshape(num_steps, num_envs)
+        advantages, targets = compute_gae(
+            traj.rewards * cfg.reward_scale, values, final_values, traj.terminated,
+            traj.truncated, traj.valid, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
+        data = _Sample(
+            obs=obs, actions=flat(traj.actions),
+            logp=flat(traj.extra_model_outputs["action_logp"]),
+            advantages=flat(advantages), targets=flat(targets),
+            weight=flat(jnp.broadcast_to(traj.valid[:, None], (num_steps, num_envs))
+                        .astype(jnp.float32)))
+        minibatch = n // cfg.num_minibatches  # rows left over are skipped (reshuffled each epoch)
+
+        def minibatch_step(carry, sample):
+            params, opt_state = carry
+            grads, stats = jax.grad(self._loss, has_aux=True)(params, sample)
+            updates, opt_state = self.optimizer.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), stats
+
+        def epoch(carry, key):
+            order = jax.random.permutation(key, n)[: minibatch * cfg.num_minibatches]
+            shuffled = jax.tree.map(
+                lambda x: x[order].reshape((cfg.num_minibatches, minibatch) + x.shape[1:]),
+                data)
+            return jax.lax.scan(minibatch_step, carry, shuffled)
+
+        key, epoch_key = jax.random.split(state.key)
+        (params, opt_state), stats = jax.lax.scan(
+            epoch, (state.params, state.opt_state), jax.random.split(epoch_key, cfg.num_epochs))
+        stats = jax.tree.map(jnp.mean, stats)
+        stats["vf_explained_var"] = 1.0 - (
+            _weighted_mean((targets - values) ** 2, data.weight.reshape(num_steps, num_envs))
+            / jnp.maximum(jnp.var(targets), 1e-8))
+        return LearnerState(params=params, opt_state=opt_state, key=key), stats
+
+    def update(self, batch: Any) -> dict[str, jax.Array]:
+        """One PPO update on a batch (`EpisodeBatch`, `Trajectory`, or a list of either
+        with the same `T`, joined along the sub-env axis). Returns device scalars."""
+        traj = _as_trajectory(batch)
+        self.state, stats = self._update(self.state, traj)
+        return stats
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def params(self) -> Any:
+        return self.state.params
+
+    def push_weights(self, target: Any) -> int:
+        """Sends the policy to `target`, a runner (`set_state`) or a group
+        (`sync_weights`), under a new `weights_seq_no`; returns it."""
+        self.weights_seq_no += 1
+        if hasattr(target, "sync_weights"):  # an EnvRunnerGroup: one ray.put for all runners
+            return target.sync_weights(self.state.params, weights_seq_no=self.weights_seq_no)
+        target.set_state({"rl_module": self.state.params,
+                          "weights_seq_no": self.weights_seq_no})
+        return self.weights_seq_no
+
+    # ------------------------------------------------------------------ a training loop
+    def train(self, runner: Any, *, num_iterations: int, target_return: float | None = None,
+              callback: Callable[[dict], None] | None = None) -> list[dict]:
+        """Samples, updates and pushes weights `num_iterations` times (stops early once
+        the runner's `episode_return_mean` reaches `target_return`). `runner` is a runner
+        or an `EnvRunnerGroup` (the driver learns, the group's runners sample).
+
+        Returns one row per iteration: `iteration`, `env_steps` (lifetime), `time_s` (since
+        the call, compile included) and `episode_return_mean` (None before any episode
+        finished).
+        """
+        start = time.perf_counter()
+        history: list[dict] = []
+        self.push_weights(runner)
+        for iteration in range(num_iterations):
+            batch = runner.sample()
+            self.update(batch)
+            self.push_weights(runner)
+            metrics = runner.get_metrics()
+            row = {"iteration": iteration,
+                   "env_steps": metrics["num_env_steps_sampled_lifetime"],
+                   "time_s": time.perf_counter() - start,
+                   "episode_return_mean": metrics.get("episode_return_mean")}
+            history.append(row)
+            if callback is not None:
+                callback(row)
+            if (target_return is not None and row["episode_return_mean"] is not None
+                    and row["episode_return_mean"] >= target_return):
+                break
+        return history
+
+
+def _as_trajectory(batch: Any) -> Trajectory:
+    if isinstance(batch, Trajectory):
+        return batch
+    if isinstance(batch, (list, tuple)):
+        trajs = [_as_trajectory(b) for b in batch]
+        if len(trajs) == 1:
+            return trajs[0]
+        lengths = {t.rewards.shape[0] for t in trajs}
+        if len(lengths) != 1:
+            raise ValueError(f"PPOLearner.update: batches have different lengths T {lengths}; "
+                             "sample the same number of steps on every runner.")
+        # Join along the sub-env axis; a step counts where every runner took it.
+        valid = functools.reduce(jnp.logical_and, [t.valid for t in trajs])
+        joined = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1),
+                              *[t.replace(valid=None) for t in trajs])
+        return joined.replace(valid=valid)
+    if hasattr(batch, "trajectory"):
+        return batch.trajectory()
+    raise TypeError(f"PPOLearner.update expects an EpisodeBatch or Trajectory, got "
+                    f"{type(batch).__name__}.")
