@@ -17,14 +17,18 @@ from jaxrunner.config import RunnerConfig as RunnerConfig
 from jaxrunner.envs.context import EnvContext as EnvContext
 from jaxrunner.envs.registry import register_env as register_env
 from jaxrunner.episodes.batch import EpisodeBatch as EpisodeBatch
+from jaxrunner.episodes.multi_agent_episode import MultiAgentEpisode as MultiAgentEpisode
 from jaxrunner.episodes.single_agent_episode import SingleAgentEpisode as SingleAgentEpisode
 from jaxrunner.errors import SampleArgumentError as SampleArgumentError
 from jaxrunner.errors import StateStructureError as StateStructureError
 from jaxrunner.errors import StepFailedRecreateEnvError as StepFailedRecreateEnvError
+from jaxrunner.modules.multi_rl_module import MultiRLModule as MultiRLModule
 from jaxrunner.modules.rl_module import DefaultMLPModule as DefaultMLPModule
 from jaxrunner.modules.rl_module import RLModule as RLModule
 from jaxrunner.modules.rl_module import RLModuleSpec as RLModuleSpec
 from jaxrunner.runners.env_runner import EnvRunner as EnvRunner
+from jaxrunner.runners.multi_agent_env_runner import MultiAgentEnvRunner as MultiAgentEnvRunner
+from jaxrunner.runners.selection import runner_class_for as runner_class_for
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner as SingleAgentEnvRunner
 
 __version__ = "0.1.0"
@@ -34,6 +38,9 @@ __all__ = [
     "EnvContext",
     "EnvRunner",
     "EpisodeBatch",
+    "MultiAgentEnvRunner",
+    "MultiAgentEpisode",
+    "MultiRLModule",
     "RLModule",
     "RLModuleSpec",
     "RunnerConfig",
@@ -43,4 +50,5 @@ __all__ = [
     "StateStructureError",
     "StepFailedRecreateEnvError",
     "register_env",
+    "runner_class_for",
 ]
