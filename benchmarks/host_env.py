@@ -1,0 +1,181 @@
+"""Fault-handling and host-env throughput (issue 4, "Speed"), in one process:
+
+1. host path: jaxrunner `sample()` on gymnasium's numpy CartPole-v1 (a `SyncVectorEnv`
+   stepped in Python, the 64x64 tanh MLP jitted) vs RLlib's `SingleAgentEnvRunner` on the
+   same env, same sub-env count and same MLP (PyTorch), sampling with exploration.
+   Target: jaxrunner at least as fast (ratio >= 1.0).
+2. compiled path: gymnax CartPole-v1 at 4096 sub-envs with `check_finite` on vs off (no
+   faults). Target: ratio on/off >= 0.95.
+
+Sides are timed in alternating rounds; the ratio is the median of per-round ratios.
+
+    python benchmarks/host_env.py [--host-envs 128] [--compiled-envs 4096]
+                                  [--output benchmarks/results/host_env.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jaxrunner.benchmarking import compare, machine_info  # noqa: E402
+from jaxrunner.config import RunnerConfig  # noqa: E402
+from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner  # noqa: E402
+
+
+def make_jaxrunner(env: str, num_envs: int, steps_per_call: int, hiddens, **fault_kwargs):
+    config = (RunnerConfig().environment(env)
+              .env_runners(num_envs_per_env_runner=num_envs,
+                           rollout_fragment_length=max(1, steps_per_call // num_envs))
+              .rl_module(model_config={"fcnet_hiddens": list(hiddens)})
+              .fault_tolerance(**fault_kwargs)
+              .debugging(seed=0))
+    runner = SingleAgentEnvRunner(config=config)
+    start = time.perf_counter()
+    runner.sample(num_timesteps=steps_per_call)
+    first_s = time.perf_counter() - start
+
+    def run():
+        runner.sample(num_timesteps=steps_per_call)
+
+    return run, first_s
+
+
+def make_rllib(env: str, num_envs: int, steps_per_call: int, hiddens,
+               torch_threads: int | None = None):
+    """RLlib's runner, built as in /work/shared/peer_bench/rllib_runner.py. With
+    `torch_threads`, torch runs with that many intra-op threads during its calls (on a
+    loaded 2-core machine torch's default threads oversubscribe the cores)."""
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    import torch
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner as RLlibRunner
+
+    config = (PPOConfig().environment(env)
+              .env_runners(num_envs_per_env_runner=num_envs, num_env_runners=0)
+              .rl_module(model_config={"fcnet_hiddens": list(hiddens)}))
+    runner = RLlibRunner(config=config)
+
+    def run():
+        default = torch.get_num_threads()
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+        try:
+            runner.sample(num_timesteps=steps_per_call)
+        finally:
+            torch.set_num_threads(default)
+
+    start = time.perf_counter()
+    run()
+    first_s = time.perf_counter() - start
+    return run, first_s
+
+
+def _alternate(sides: dict, steps: int, rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of each side, measured in alternating rounds."""
+    timings = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, run in sides.items():
+            start = time.perf_counter()
+            run()
+            timings[name].append(time.perf_counter() - start)
+    return timings
+
+
+def host_case(num_envs: int, vector_steps: int, rounds: int, hiddens) -> dict:
+    steps = num_envs * vector_steps
+    ours, ours_first = make_jaxrunner("gymnasium:CartPole-v1", num_envs, steps, hiddens)
+    logging.disable(logging.WARNING)  # RLlib's construction warnings
+    try:
+        rllib, rllib_first = make_rllib("CartPole-v1", num_envs, steps, hiddens)
+        rllib_1, _ = make_rllib("CartPole-v1", num_envs, steps, hiddens, torch_threads=1)
+    finally:
+        logging.disable(logging.NOTSET)
+    sides = {"jaxrunner_host": ours, "rllib": rllib, "rllib_torch_1_thread": rllib_1}
+    timings = _alternate(sides, steps, rounds)
+    ratios = {name: statistics.median(ref / own for ref, own in
+                                      zip(timings[name], timings["jaxrunner_host"]))
+              for name in ("rllib", "rllib_torch_1_thread")}
+    case = {
+        "case": "host_numpy_cartpole", "num_envs": num_envs, "steps_per_call": steps,
+        "median_steps_per_s": {n: steps / statistics.median(t) for n, t in timings.items()},
+        "best_steps_per_s": {n: steps / min(t) for n, t in timings.items()},
+        "ratio_to": ratios,
+        "first_sample_s": {"jaxrunner_host": ours_first, "rllib": rllib_first},
+        "target": "jaxrunner_host >= RLlib (ratio >= 1.0, against the faster RLlib setting)",
+    }
+    case["ratio"] = min(ratios.values())
+    case["meets_target"] = case["ratio"] >= 1.0
+    return case
+
+
+def compiled_case(num_envs: int, vector_steps: int, rounds: int, hiddens) -> dict:
+    steps = num_envs * vector_steps
+    on, on_first = make_jaxrunner("CartPole-v1", num_envs, steps, hiddens, check_finite=True)
+    off, off_first = make_jaxrunner("CartPole-v1", num_envs, steps, hiddens,
+                                    check_finite=False)
+    case = compare({"check_finite_on": on, "check_finite_off": off}, steps, rounds=rounds,
+                   calls_per_round=1, reference="check_finite_off")
+    case.update({"case": "compiled_cartpole_check_finite", "num_envs": num_envs,
+                 "steps_per_call": steps,
+                 "first_sample_s": {"check_finite_on": on_first, "check_finite_off": off_first},
+                 "target": "ratio on/off >= 0.95"})
+    case["ratio"] = case.pop("ratio_to_check_finite_off")["check_finite_on"]
+    case["meets_target"] = case["ratio"] >= 0.95
+    return case
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host-envs", type=int, default=128)
+    parser.add_argument("--host-vector-steps", type=int, default=100)
+    parser.add_argument("--compiled-envs", type=int, default=4096)
+    parser.add_argument("--compiled-vector-steps", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--skip", choices=["host", "compiled"], action="append", default=[])
+    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
+                                                         "host_env.json"))
+    args = parser.parse_args()
+    hiddens = (64, 64)
+    results = {"benchmark": "host_env", "policy": f"mlp{list(hiddens)} explore",
+               "machine": machine_info(), "cpu_count": os.cpu_count(),
+               "load_average_at_start": os.getloadavg(),
+               "torch_threads": _torch_threads(), "cases": []}
+    if "host" not in args.skip:
+        case = host_case(args.host_envs, args.host_vector_steps, args.rounds, hiddens)
+        results["cases"].append(case)
+        speed = case["median_steps_per_s"]
+        print(f"host numpy CartPole x{args.host_envs}: jaxrunner "
+              f"{speed['jaxrunner_host']:,.0f} steps/s, RLlib {speed['rllib']:,.0f} steps/s "
+              f"(torch 1 thread: {speed['rllib_torch_1_thread']:,.0f}), ratio to the faster "
+              f"{case['ratio']:.2f}", flush=True)
+    if "compiled" not in args.skip:
+        case = compiled_case(args.compiled_envs, args.compiled_vector_steps, args.rounds,
+                             hiddens)
+        results["cases"].append(case)
+        print(f"compiled CartPole x{args.compiled_envs}: check_finite on "
+              f"{case['median_steps_per_s']['check_finite_on']:,.0f} steps/s, off "
+              f"{case['median_steps_per_s']['check_finite_off']:,.0f} steps/s, ratio "
+              f"{case['ratio']:.3f}", flush=True)
+    results["load_average_at_end"] = os.getloadavg()
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
