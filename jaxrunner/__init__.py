@@ -14,6 +14,7 @@ Quickstart::
 """
 
 from jaxrunner.config import RunnerConfig as RunnerConfig
+from jaxrunner.distributed.env_runner_group import EnvRunnerGroup as EnvRunnerGroup
 from jaxrunner.envs.context import EnvContext as EnvContext
 from jaxrunner.envs.registry import register_env as register_env
 from jaxrunner.episodes.batch import EpisodeBatch as EpisodeBatch
@@ -37,6 +38,7 @@ __all__ = [
     "DefaultMLPModule",
     "EnvContext",
     "EnvRunner",
+    "EnvRunnerGroup",
     "EpisodeBatch",
     "MultiAgentEnvRunner",
     "MultiAgentEpisode",

@@ -159,3 +159,40 @@ class EpisodeBatch(Sequence):
     def __repr__(self) -> str:
         return (f"EpisodeBatch(num_envs={self.num_envs}, vector_steps={self._num_steps}, "
                 f"chunks={len(self.chunks)}, mode={self.mode!r})")
+
+    # ------------------------------------------------------------------ host copy, pickling
+    def _fields(self) -> dict[str, Any]:
+        """Every attribute except the lazily built host episode views."""
+        return {name: value for name, value in self.__dict__.items() if name != "_episodes"}
+
+    @property
+    def is_on_host(self) -> bool:
+        """Whether no array of the batch lives on a device (all are host numpy)."""
+        return not any(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(self._fields()))
+
+    def to_numpy(self) -> "EpisodeBatch":
+        """The same batch with every array on the host, from one device-to-host transfer.
+
+        Returns `self` when the batch is already on the host. Host episode views already
+        built are shared, not copied. `chunks` then hold numpy arrays;
+        `jax.device_put(batch.chunks)` moves them back to a device.
+        """
+        if self.is_on_host:
+            return self
+        host = EpisodeBatch.__new__(EpisodeBatch)
+        host.__dict__.update(jax.device_get(self._fields()))
+        host._episodes = self._episodes
+        return host
+
+    def __reduce__(self):
+        # A batch pickles (and so crosses Ray) as host numpy. The host episode views are
+        # left out: they would carry the same data a second time; the receiver rebuilds
+        # them from the arrays on first use.
+        return (_episode_batch_from_state, (self.to_numpy()._fields(),))
+
+
+def _episode_batch_from_state(state: dict) -> EpisodeBatch:
+    batch = EpisodeBatch.__new__(EpisodeBatch)
+    batch.__dict__.update(state)
+    batch._episodes = None
+    return batch

@@ -138,6 +138,21 @@ class RunnerMetrics:
         self._env_steps_discarded = 0
         return out
 
+    def window_values(self, registers: Any) -> dict[str, np.ndarray]:
+        """The episodes in the smoothing window as host arrays (ring order), for merging
+        the windows of several runners into exact means: `episode_return` float64,
+        `episode_len` int64 and `episode_duration_sec` float64, each `(window_size,)`."""
+        size = int(registers.window_size)
+        returns = np.asarray(registers.window_return[:size], np.float64)
+        lengths = np.asarray(registers.window_len[:size], np.int64)
+        now_mod = self.vector_steps_lifetime % 2**32
+        end_mod = np.asarray(registers.window_end_step[:size], np.int64)
+        end = self.vector_steps_lifetime - ((now_mod - end_mod) % 2**32)
+        durations = (self._time_of_vector_step(end.astype(np.float64))
+                     - self._time_of_vector_step((end - lengths).astype(np.float64)))
+        return {"episode_return": returns, "episode_len": lengths,
+                "episode_duration_sec": np.asarray(durations, np.float64)}
+
     # ------------------------------------------------------------------ state
     def get_state(self) -> dict[str, int]:
         return {"episodes_lifetime": self.episodes_lifetime,

@@ -1,0 +1,263 @@
+"""EnvRunnerGroup pieces that need no Ray instance: the `num_env_runners=0` group, batch
+pickling, metric merging, actor options and the fault policy of the actor manager."""
+
+from __future__ import annotations
+
+import pickle
+
+import jax
+import numpy as np
+import pytest
+import ray
+from ray.exceptions import ActorDiedError, RayTaskError
+
+import jaxrunner
+from jaxrunner import EnvRunnerGroup, StateStructureError
+from jaxrunner.distributed import actor_manager
+from jaxrunner.distributed.actor_manager import (
+    EnvRunnerFailedError,
+    FaultPolicy,
+    FaultTolerantActorManager,
+    RunnerSlot,
+)
+from jaxrunner.distributed.metrics import GroupCounters, aggregate
+from jaxrunner.distributed.remote_runner import RunnerNotRestoredError, actor_options
+
+
+def small_config(**env_runners) -> jaxrunner.RunnerConfig:
+    return (jaxrunner.RunnerConfig()
+            .environment("CartPole-v1")
+            .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=16, **env_runners)
+            .rl_module(model_config={"fcnet_hiddens": [16]})
+            .debugging(seed=0))
+
+
+def forcing_action(weights: dict, action: int) -> dict:
+    """`weights` with the policy head zeroed and biased so that `action` has probability
+    ~1 - 2e-9 under exploration and is the greedy action."""
+    weights = jax.tree.map(np.array, weights)
+    head = weights["pi"][max(weights["pi"], key=lambda name: int(name.split("_")[-1]))]
+    head["kernel"][:] = 0.0
+    head["bias"][:] = -10.0
+    head["bias"][action] = 10.0
+    return weights
+
+
+@pytest.fixture(scope="module")
+def local_group():
+    group = EnvRunnerGroup(config=small_config(num_env_runners=0))
+    yield group
+    group.stop()
+
+
+def test_group_without_remote_runners__runs_without_ray(local_group):
+    assert not ray.is_initialized()
+    local_group.get_metrics()  # start counting from here
+    batches = local_group.sample(num_timesteps=100)
+    assert len(batches) == 1 and batches[0].env_steps >= 100
+    assert local_group.local_env_runner.worker_index == 0
+    finished = [ep for ep in batches[0] if ep.is_done]
+    metrics = local_group.get_metrics()
+    assert metrics["num_env_steps_sampled"] == batches[0].env_steps
+    assert metrics["num_episodes"] == len(finished)
+    assert metrics["fault_tolerance"]["num_remote_env_runners"] == 0
+    info = local_group.get_node_info()
+    assert list(info) == [0] and info[0]["node_id"] is None
+    assert not ray.is_initialized()
+
+
+def test_group_without_remote_runners__sync_weights_changes_actions(local_group):
+    weights = local_group.local_env_runner.get_state(components="rl_module")["rl_module"]
+    for action in (0, 1):
+        seq = local_group.sync_weights(forcing_action(weights, action))
+        batch = local_group.sample(num_timesteps=40)[0]
+        assert batch.weights_seq_no == seq
+        assert all(np.all(ep.actions == action) for ep in batch)
+    assert local_group.foreach_env_runner("weights_seq_no") == [seq]
+    assert local_group.weights_seq_no == seq
+
+
+def test_group__bad_input_is_a_clear_error(local_group):
+    with pytest.raises(TypeError, match="RunnerConfig"):
+        EnvRunnerGroup(config={"env": "CartPole-v1"})
+    with pytest.raises(ValueError, match="CartPole-v1"):
+        EnvRunnerGroup(config=small_config().environment("CartPol-v1"))
+    with pytest.raises(ValueError, match="No env is configured"):
+        EnvRunnerGroup(config=jaxrunner.RunnerConfig())
+    with pytest.raises(TypeError, match="EnvRunner subclass"):
+        EnvRunnerGroup(config=small_config(env_runner_cls=dict))
+    with pytest.raises(TypeError, match="actor_options"):
+        EnvRunnerGroup(config=small_config(), actor_options=[("num_cpus", 1)])
+    with pytest.raises(AttributeError, match="get_metrics"):
+        local_group.foreach_env_runner("get_metric")
+    with pytest.raises(ValueError, match="timeout_seconds"):
+        local_group.sample(timeout_seconds=-1)
+    with pytest.raises(ValueError, match="weights_seq_no"):
+        local_group.sync_weights(weights_seq_no=-3)
+    with pytest.raises(ValueError, match="unknown remote worker ids"):
+        local_group.sync_weights(to_worker_indices=[1])
+    with pytest.raises(StateStructureError):
+        local_group.sync_weights({"pi": {"Dense_0": {"kernel": np.zeros((3, 3))}}})
+    with pytest.raises(jaxrunner.SampleArgumentError):
+        local_group.sample(num_timesteps=10, num_episodes=1)
+    # Nothing above left the group unusable.
+    assert local_group.sample(num_timesteps=8)[0].env_steps >= 8
+    assert not ray.is_initialized()
+
+
+def test_group__stop_is_idempotent():
+    group = EnvRunnerGroup(config=small_config())
+    group.stop()
+    group.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        group.sample()
+
+
+def test_episode_batch__pickles_as_host_numpy_with_every_array_once():
+    runner = jaxrunner.SingleAgentEnvRunner(config=small_config())
+    batch = runner.sample(num_timesteps=300)
+    assert not batch.is_on_host
+    episodes = [(ep.id_, ep.observations.copy(), ep.actions.copy(), ep.get_return())
+                for ep in batch]  # builds the host views, which must not be pickled
+    host = batch.to_numpy()
+    assert host.is_on_host and host.to_numpy() is host
+    array_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(host._fields())
+                      if isinstance(leaf, np.ndarray))
+    buffers = []
+    data = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    out_of_band = sum(memoryview(b).nbytes for b in buffers)
+    # Every array travels out of band exactly once (no second copy, no episode views).
+    assert array_bytes <= out_of_band <= array_bytes + 1024
+    assert len(data) < 16_384
+    restored = pickle.loads(data, buffers=buffers)
+    assert restored.is_on_host and restored.env_steps == batch.env_steps
+    assert len(restored) == len(episodes)
+    for ep, (id_, obs, actions, ret) in zip(restored, episodes):
+        ep.validate()
+        assert ep.id_ == id_ and ep.get_return() == ret
+        np.testing.assert_array_equal(ep.observations, obs)
+        np.testing.assert_array_equal(ep.actions, actions)
+
+
+def test_aggregate__episode_means_over_all_runners_episodes():
+    window_a = {"episode_return": np.array([10.0, 20.0, 30.0]),
+                "episode_len": np.array([10, 20, 30]),
+                "episode_duration_sec": np.array([1.0, 2.0, 3.0])}
+    window_b = {"episode_return": np.array([100.0]), "episode_len": np.array([5]),
+                "episode_duration_sec": np.array([0.5])}
+    metrics_a = {"num_env_steps_sampled": 64, "num_episodes": 3, "sample": 1.0,
+                 "num_env_steps_discarded": 2, "weights_seq_no": 4,
+                 "num_agent_steps_sampled": {"default_agent": 64}}
+    metrics_b = {"num_env_steps_sampled": 32, "num_episodes": 1, "sample": 3.0,
+                 "num_env_steps_discarded": 0, "weights_seq_no": 3,
+                 "num_agent_steps_sampled": {"default_agent": 32}}
+    counters = GroupCounters()
+    out = aggregate([(metrics_a, window_a), (metrics_b, window_b)], counters)
+    assert out["episode_return_mean"] == pytest.approx(160.0 / 4)  # not (20 + 100) / 2
+    assert out["episode_len_mean"] == pytest.approx(65 / 4)
+    assert (out["episode_return_min"], out["episode_return_max"]) == (10.0, 100.0)
+    assert (out["episode_len_min"], out["episode_len_max"]) == (5, 30)
+    assert out["episode_duration_sec_mean"] == pytest.approx(6.5 / 4)
+    assert out["num_env_steps_sampled"] == 96 and out["num_episodes"] == 4
+    assert out["num_agent_steps_sampled"] == {"default_agent": 96}
+    assert out["sample"] == pytest.approx(2.0) and out["weights_seq_no"] == 4
+    again = aggregate([(metrics_a, window_a)], counters)
+    assert again["num_env_steps_sampled_lifetime"] == 160
+    assert again["num_episodes_lifetime"] == 7
+    assert again["num_env_steps_discarded_lifetime"] == 4
+    empty = aggregate([({"num_env_steps_sampled": 0, "num_episodes": 0},
+                        {k: v[:0] for k, v in window_b.items()})], GroupCounters())
+    assert "episode_return_mean" not in empty
+
+
+def test_actor_options__jax_platform_memory_flags_and_restarts():
+    options = actor_options(small_config(num_cpus_per_env_runner=2))
+    assert options["num_cpus"] == 2 and options["num_gpus"] == 0
+    assert options["runtime_env"]["env_vars"] == {
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_PLATFORMS": "cpu"}
+    assert options["max_restarts"] == 1000 and options["max_task_retries"] == 0
+    gpu = actor_options(small_config(num_gpus_per_env_runner=0.5),
+                        {"runtime_env": {"env_vars": {"JAX_COMPILATION_CACHE_DIR": "/c"}},
+                         "scheduling_strategy": "DEFAULT"})
+    assert gpu["runtime_env"]["env_vars"]["JAX_PLATFORMS"] == "cuda"
+    assert gpu["runtime_env"]["env_vars"]["JAX_COMPILATION_CACHE_DIR"] == "/c"
+    assert gpu["scheduling_strategy"] == "DEFAULT" and gpu["num_gpus"] == 0.5
+    off = actor_options(small_config().fault_tolerance(restart_failed_env_runners=False))
+    assert off["max_restarts"] == 0
+
+
+class _FakeActor:
+    def __init__(self):
+        self.exit_requests = []
+
+    @property
+    def exit_after(self):
+        actor = self
+
+        class _Method:
+            @staticmethod
+            def remote(delay):
+                actor.exit_requests.append(delay)
+        return _Method
+
+
+def _manager(monkeypatch, **policy):
+    killed = []
+    monkeypatch.setattr(actor_manager.ray, "kill", lambda actor, no_restart: killed.append(actor))
+    defaults = dict(restart=True, ignore=False, max_restarts=1000, restart_delay_s=0.0,
+                    consecutive_failures_tolerance=100, max_in_flight=1)
+    manager = FaultTolerantActorManager(
+        [RunnerSlot(1, _FakeActor()), RunnerSlot(2, _FakeActor())],
+        FaultPolicy(**{**defaults, **policy}))
+    return manager, killed
+
+
+def test_fault_policy__no_restart_no_ignore_raises_a_clear_error(monkeypatch):
+    manager, killed = _manager(monkeypatch, restart=False)
+    manager.book_failure(1, ActorDiedError())
+    assert manager.healthy_ids() == [2] and manager.slots[1].dead and len(killed) == 1
+    with pytest.raises(EnvRunnerFailedError, match="restart_failed_env_runners=True"):
+        manager.raise_booked_errors()
+
+
+def test_fault_policy__ignore_failures_carries_on_with_the_healthy(monkeypatch):
+    manager, _ = _manager(monkeypatch, restart=False, ignore=True)
+    manager.book_failure(2, ActorDiedError())
+    manager.raise_booked_errors()  # nothing to raise
+    assert manager.healthy_ids() == [1] and manager.restorable_ids() == []
+    assert manager.num_failures == 1
+
+
+def test_fault_policy__restarts_until_the_limit(monkeypatch):
+    manager, _ = _manager(monkeypatch, max_restarts=1, restart_delay_s=7.0)
+    app_error = RayTaskError("sample", "traceback", RuntimeError("env exploded"))
+    manager.book_failure(1, app_error)
+    assert manager.slots[1].actor.exit_requests == [7.0]  # restart after the delay
+    manager.raise_booked_errors()
+    assert manager.restorable_ids() == [1]
+    manager.mark_restored(1)
+    assert manager.healthy_ids() == [1, 2] and manager.num_restarts == 1
+    manager.book_failure(1, ActorDiedError())
+    with pytest.raises(EnvRunnerFailedError, match="max_num_env_runner_restarts=1"):
+        manager.raise_booked_errors()
+    assert manager.slots[1].dead
+
+
+def test_fault_policy__consecutive_failures_tolerance(monkeypatch):
+    manager, _ = _manager(monkeypatch, consecutive_failures_tolerance=2)
+    for _ in range(2):
+        manager.book_failure(2, ActorDiedError())
+        manager.raise_booked_errors()
+        manager.mark_restored(2)
+    manager.book_failure(2, ActorDiedError())
+    with pytest.raises(EnvRunnerFailedError, match="3 times in a row"):
+        manager.raise_booked_errors()
+
+
+def test_fault_policy__error_kinds():
+    assert actor_manager.classify(ActorDiedError()) == "died"
+    assert actor_manager.classify(
+        RayTaskError("sample", "tb", jaxrunner.SampleArgumentError("both sizes"))) == "user"
+    assert actor_manager.classify(
+        RayTaskError("sample", "tb", RunnerNotRestoredError("not yet"))) == "restarted"
+    assert actor_manager.classify(RayTaskError("sample", "tb", RuntimeError("x"))) == "app"
