@@ -1,8 +1,9 @@
 """The `jaxrunner` command line: `sample`, `envs` and `bench`.
 
     jaxrunner sample --env CartPole-v1 --num-envs 1024 --timesteps 1000000
+    jaxrunner sample --env CartPole-v1 --num-envs 256 --runners 2 --timesteps 1000000
     jaxrunner envs
-    jaxrunner bench --num-envs 1024 4096
+    jaxrunner bench --num-envs 1024 4096          # writes throughput.json and .png
 
 Bad arguments print one line and exit with code 2 (never a traceback).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any, Sequence
@@ -32,6 +34,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
 
 
@@ -59,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--episodes", type=_positive_int, help="episodes to sample in all")
     sample.add_argument("--fragment", type=_positive_int, default=200,
                         help="rollout_fragment_length: vector steps per sample() call")
+    sample.add_argument("--runners", type=_nonnegative_int, default=0,
+                        help="remote runners on Ray, each with --num-envs sub-envs "
+                             "(0: sample in this process)")
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--hiddens", type=_hiddens, default=[64, 64],
                         help="MLP layer widths, e.g. 64,64")
@@ -75,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-steps", type=_positive_int, default=128)
     bench.add_argument("--rounds", type=_positive_int, default=10)
     bench.add_argument("--random-actions", action="store_true")
-    bench.add_argument("--output", default="throughput.json")
+    bench.add_argument("--output", default="throughput.json", help="JSON results file")
+    bench.add_argument("--plot", default=None,
+                       help="PNG plot of env steps/s (default: --output with .png)")
     return parser
 
 
@@ -102,60 +119,89 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _as_list(batches: Any) -> list:
+    return batches if isinstance(batches, list) else [batches]
+
+
+def _make_sampler(args: argparse.Namespace):
+    """A `SingleAgentEnvRunner`, or an `EnvRunnerGroup` with `--runners` remote runners."""
+    import jaxrunner
+
+    config = (jaxrunner.RunnerConfig()
+              .environment(args.env)
+              .env_runners(num_envs_per_env_runner=args.num_envs,
+                           rollout_fragment_length=args.fragment,
+                           num_env_runners=args.runners,
+                           explore=not args.no_explore)
+              .rl_module(model_config={"fcnet_hiddens": args.hiddens})
+              .debugging(seed=args.seed))
+    if not args.runners:
+        return jaxrunner.SingleAgentEnvRunner(config=config)
+    import logging
+
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, logging_level=logging.ERROR)
+    return jaxrunner.EnvRunnerGroup(config=config)
+
+
 def _cmd_sample(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    import jaxrunner
-
     try:
-        config = (jaxrunner.RunnerConfig()
-                  .environment(args.env)
-                  .env_runners(num_envs_per_env_runner=args.num_envs,
-                               rollout_fragment_length=args.fragment,
-                               explore=not args.no_explore)
-                  .rl_module(model_config={"fcnet_hiddens": args.hiddens})
-                  .debugging(seed=args.seed))
-        runner = jaxrunner.SingleAgentEnvRunner(config=config)
+        runner = _make_sampler(args)
     except (ValueError, TypeError) as error:
         raise UsageError(str(error).splitlines()[0]) from error
+    parallel = max(1, args.runners)  # runners sampling at once; sizes below are per runner
     console = Console(stderr=True)
-    total = args.episodes if args.episodes else (args.timesteps or args.num_envs * args.fragment)
+    total = args.episodes if args.episodes else (
+        args.timesteps or args.num_envs * args.fragment * parallel)
     unit = "episodes" if args.episodes else "env steps"
     done, steps, start = 0, 0, time.perf_counter()
-    first_call_s = None
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                  TextColumn("{task.completed:,}/{task.total:,} " + unit),
-                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-                  console=console, disable=args.json) as progress:
-        task = progress.add_task(f"sampling {args.env}", total=total, rate="")
-        while done < total:
-            call_start = time.perf_counter()
-            if args.episodes:
-                batch = runner.sample(num_episodes=min(args.num_envs, total - done),
-                                      random_actions=args.random_actions)
-                done += len(batch)
-                steps += batch.num_vector_steps * args.num_envs
-            else:
-                batch = runner.sample(num_timesteps=min(args.num_envs * args.fragment,
-                                                        total - done),
-                                      random_actions=args.random_actions)
-                done += batch.env_steps
-                steps += batch.env_steps
-            if first_call_s is None:
-                first_call_s = time.perf_counter() - call_start
-            elapsed = time.perf_counter() - start
-            progress.update(task, completed=min(done, total),
-                            rate=f"{steps / max(elapsed, 1e-9):,.0f} steps/s")
-    elapsed = time.perf_counter() - start
-    metrics = runner.get_metrics()
-    summary = {"env": args.env, "num_envs": args.num_envs, "env_steps": steps,
-               "wall_s": elapsed, "first_call_s (incl. compile)": first_call_s,
+    first_call_s, first_call_steps = None, 0
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                      TextColumn("{task.completed:,}/{task.total:,} " + unit),
+                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                      console=console, disable=args.json) as progress:
+            task = progress.add_task(f"sampling {args.env}", total=total, rate="")
+            while done < total:
+                call_start = time.perf_counter()
+                if args.episodes:
+                    per_runner = -(-min(args.num_envs * parallel, total - done) // parallel)
+                    batches = _as_list(runner.sample(num_episodes=per_runner,
+                                                     random_actions=args.random_actions))
+                    done += sum(len(batch) for batch in batches)
+                    steps += sum(batch.num_vector_steps * args.num_envs for batch in batches)
+                else:
+                    per_runner = -(-min(args.num_envs * args.fragment * parallel,
+                                        total - done) // parallel)
+                    batches = _as_list(runner.sample(num_timesteps=per_runner,
+                                                     random_actions=args.random_actions))
+                    done += sum(batch.env_steps for batch in batches)
+                    steps += sum(batch.env_steps for batch in batches)
+                if first_call_s is None:
+                    first_call_s, first_call_steps = time.perf_counter() - call_start, steps
+                elapsed = time.perf_counter() - start
+                progress.update(task, completed=min(done, total),
+                                rate=f"{steps / max(elapsed, 1e-9):,.0f} steps/s")
+        elapsed = time.perf_counter() - start
+        metrics = runner.get_metrics()
+    finally:
+        runner.stop()
+        if args.runners:
+            import ray
+
+            ray.shutdown()
+    summary = {"env": args.env, "num_envs": args.num_envs, "runners": args.runners,
+               "env_steps": steps, "wall_s": elapsed,
+               "first_call_s (incl. compile)": first_call_s,
                "env_steps_per_s": steps / max(elapsed, 1e-9),
                "env_steps_per_s_after_compile": (
-                   (steps - args.num_envs * args.fragment) / max(elapsed - first_call_s, 1e-9)
-                   if steps > args.num_envs * args.fragment and not args.episodes else None)}
-    runner.stop()
+                   (steps - first_call_steps) / max(elapsed - first_call_s, 1e-9)
+                   if steps > first_call_steps and not args.episodes else None)}
     if args.json:
         print(json.dumps({"summary": summary, "metrics": metrics}, indent=1, default=str))
     else:
@@ -186,16 +232,67 @@ def _cmd_envs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_writable(path: str, what: str) -> None:
+    """A bad output path is a bad argument: say so before any work is done."""
+    if os.path.isdir(path):
+        raise UsageError(f"{what} {path!r} is a directory; give a file name")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UsageError(f"cannot write {what} {path!r}: directory {directory!r} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"cannot write {what} {path!r}: directory {directory!r} is not writable")
+
+
+def plot_throughput(results: dict[str, Any], path: str) -> None:
+    """Env steps/s against num_envs (log-log), one line per sampler, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted(results["cases"], key=lambda case: case["num_envs"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for side in cases[0]["steps_per_s"]:
+        ax.plot([c["num_envs"] for c in cases], [c["steps_per_s"][side] for c in cases],
+                marker="o", label=side)
+    for case in cases:
+        ratio = case.get("ratio_to_bare_scan", {}).get("jaxrunner")
+        if ratio is not None:
+            ax.annotate(f"{ratio:.2f}x", (case["num_envs"], case["steps_per_s"]["jaxrunner"]),
+                        textcoords="offset points", xytext=(4, -12), fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks([c["num_envs"] for c in cases], [str(c["num_envs"]) for c in cases])
+    ax.set_xlabel("num_envs (sub-envs per runner)")
+    ax.set_ylabel("env steps/s (best round)")
+    ax.set_title(f"{results.get('env')}: {results.get('policy')}, "
+                 f"{results.get('num_steps_per_call')} steps per call", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from jaxrunner.benchmarking import run_throughput
 
+    plot = args.plot or os.path.splitext(args.output)[0] + ".png"
+    _check_writable(args.output, "--output")
+    _check_writable(plot, "--plot")
     try:
-        run_throughput(env_id=args.env, num_envs_list=args.num_envs, num_steps=args.num_steps,
-                       random_actions=args.random_actions, rounds=args.rounds,
-                       output=args.output)
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("writing the plot needs matplotlib (pip install 'jaxrunner[bench]')"
+                         ) from None
+    try:
+        results = run_throughput(env_id=args.env, num_envs_list=args.num_envs,
+                                 num_steps=args.num_steps, random_actions=args.random_actions,
+                                 rounds=args.rounds, output=args.output)
     except (ValueError, TypeError) as error:
         raise UsageError(str(error).splitlines()[0]) from error
-    print(f"wrote {args.output}")
+    plot_throughput(results, plot)
+    print(f"wrote {args.output} and {plot}")
     return 0
 
 

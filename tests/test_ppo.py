@@ -16,14 +16,15 @@ from jaxrunner.learners import PPOConfig, PPOLearner, clipped_surrogate_loss, co
 def reference_gae(rewards, values, final_values, terminated, truncated, valid, gamma, lam):
     """A plain loop over sub-envs and time, one explicit case per kind of step."""
     num_steps, num_envs = rewards.shape
+    valid = np.broadcast_to(valid if valid.ndim == 2 else valid[:, None], rewards.shape)
     advantages = np.zeros((num_steps, num_envs))
     for b in range(num_envs):
         running = 0.0
         for t in reversed(range(num_steps)):
-            if not valid[t]:
+            if not valid[t, b]:
                 running = 0.0
                 continue
-            next_taken = t + 1 < num_steps and valid[t + 1]
+            next_taken = t + 1 < num_steps and valid[t + 1, b]
             if terminated[t, b]:  # the episode ended for real: nothing after it
                 next_value, carry_on = 0.0, 0.0
             elif truncated[t, b]:  # cut by a time limit: bootstrap from its final obs
@@ -35,7 +36,7 @@ def reference_gae(rewards, values, final_values, terminated, truncated, valid, g
             delta = rewards[t, b] + gamma * next_value - values[t, b]
             running = delta + gamma * lam * carry_on * running
             advantages[t, b] = running
-    targets = np.where(valid[:, None], advantages + values, 0.0)
+    targets = np.where(valid, advantages + values, 0.0)
     return advantages, targets
 
 
@@ -55,14 +56,17 @@ def test_gae__matches_python_loop_with_terminations_truncations_and_cuts():
     truncated = (rng.random((num_steps, num_envs)) < 0.08) & ~terminated
     terminated[-1, 0] = True  # ends on the last row in each way, and not at all (others)
     truncated[-1, 1] = True
-    for valid in (np.ones(num_steps, bool), np.arange(num_steps) < 29):
+    failed = rng.random((num_steps, num_envs)) < 0.05  # per sub-env gaps (failed steps)
+    for valid in (np.ones(num_steps, bool), np.arange(num_steps) < 29,
+                  (np.arange(num_steps) < 29)[:, None] & ~failed):
         got_adv, got_targets = _gae(rewards, values, final_values, terminated, truncated,
                                     valid)
         want_adv, want_targets = reference_gae(rewards, values, final_values, terminated,
                                                truncated, valid, 0.99, 0.95)
         np.testing.assert_allclose(got_adv, want_adv, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got_targets, want_targets, rtol=1e-5, atol=1e-5)
-        assert np.all(got_adv[~valid] == 0.0)
+        mask = np.broadcast_to(valid if valid.ndim == 2 else valid[:, None], rewards.shape)
+        assert np.all(got_adv[~mask] == 0.0)
 
 
 def test_gae__one_env_by_hand():

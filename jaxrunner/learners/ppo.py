@@ -96,15 +96,16 @@ def compute_gae(rewards: jax.Array, values: jax.Array, final_values: jax.Array,
         values: (T, B) float32, V(obs[t]).
         final_values: (T, B) float32, V(final_obs[t]) (next observation before any reset).
         terminated, truncated: (T, B) bool.
-        valid: (T,) bool, False for steps that were not taken.
+        valid: (T,) or (T, B) bool, False for steps that were not taken (or that failed).
 
     Returns:
         `(advantages, targets)`, both (T, B) float32 and 0 where `valid` is False;
         `targets = advantages + values`.
     """
     done = terminated | truncated
-    valid_next = jnp.concatenate([valid[1:], jnp.zeros((1,), jnp.bool_)])
-    continues = ~done & valid_next[:, None]  # (T, B) the next row is the same episode
+    valid = jnp.broadcast_to(valid if valid.ndim == 2 else valid[:, None], done.shape)
+    valid_next = jnp.concatenate([valid[1:], jnp.zeros_like(valid[:1])], axis=0)
+    continues = ~done & valid_next  # (T, B) the next row is the same episode
     values_next = jnp.concatenate([values[1:], jnp.zeros_like(values[:1])], axis=0)
     next_values = jnp.where(continues, values_next, final_values)
     next_values = jnp.where(terminated, 0.0, next_values)
@@ -117,9 +118,8 @@ def compute_gae(rewards: jax.Array, values: jax.Array, final_values: jax.Array,
 
     _, advantages = jax.lax.scan(backward, jnp.zeros_like(values[0]),
                                  (deltas, continues.astype(values.dtype)), reverse=True)
-    mask = valid[:, None]
-    advantages = jnp.where(mask, advantages, 0.0)
-    return advantages, jnp.where(mask, advantages + values, 0.0)
+    advantages = jnp.where(valid, advantages, 0.0)
+    return advantages, jnp.where(valid, advantages + values, 0.0)
 
 
 def clipped_surrogate_loss(log_ratio: jax.Array, advantages: jax.Array,
@@ -160,17 +160,22 @@ class PPOLearner:
                              f"{type(module).__name__} is recurrent.")
         self.module = module
         self.config = config
-        key = jax.random.key(config.seed)
-        if params is None:  # one compiled init instead of many small eager ops
-            params = jax.jit(module.init)(jax.random.fold_in(key, 0))
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
             optax.adam(config.learning_rate, eps=1e-5),
         )
-        self.state = LearnerState(params=params, opt_state=self.optimizer.init(params),
-                                  key=jax.random.fold_in(key, 1))
+        # One compiled init instead of many small eager ops.
+        self.state = jax.jit(self.init_state)(jax.random.key(config.seed), params)
         self.weights_seq_no = 0
-        self._update = jax.jit(self._update_fn)
+        self._update = jax.jit(self.update_fn)
+
+    def init_state(self, key: jax.Array, params: Any = None) -> LearnerState:
+        """A fresh `LearnerState` (pure: `jax.vmap` it over keys for a population)."""
+        params_key, shuffle_key = jax.random.split(key)
+        if params is None:
+            params = self.module.init(params_key)
+        return LearnerState(params=params, opt_state=self.optimizer.init(params),
+                            key=shuffle_key)
 
     @classmethod
     def from_runner(cls, runner: Any, config: PPOConfig = PPOConfig()) -> "PPOLearner":
@@ -223,8 +228,11 @@ class PPOLearner:
                  - cfg.ent_coef * stats["entropy"])
         return total, stats
 
-    def _update_fn(self, state: LearnerState, traj: Trajectory
-                   ) -> tuple[LearnerState, dict[str, jax.Array]]:
+    def update_fn(self, state: LearnerState, traj: Trajectory
+                  ) -> tuple[LearnerState, dict[str, jax.Array]]:
+        """One PPO update, pure: GAE over the `(T, B)` trajectory, then `num_epochs` passes
+        of `num_minibatches` shuffled minibatches. `update` is this, jitted; `jax.vmap` it
+        to train a population (one state and one trajectory slice per member)."""
         cfg = self.config
         num_steps, num_envs = traj.rewards.shape
         n = num_steps * num_envs
@@ -233,15 +241,17 @@ class PPOLearner:
         values = self._values(state.params, obs).reshape(num_steps, num_envs)
         final_values = self._values(state.params, jax.tree.map(flat, traj.final_obs)
                                     ).reshape(num_steps, num_envs)
+        # Steps not taken, and steps where a sub-env failed (its episode is discarded),
+        # neither count in the loss nor pass advantages back.
+        valid = traj.valid[:, None] & ~traj.failed
         advantages, targets = compute_gae(
             traj.rewards * cfg.reward_scale, values, final_values, traj.terminated,
-            traj.truncated, traj.valid, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
+            traj.truncated, valid, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
         data = _Sample(
             obs=obs, actions=flat(traj.actions),
             logp=flat(traj.extra_model_outputs["action_logp"]),
             advantages=flat(advantages), targets=flat(targets),
-            weight=flat(jnp.broadcast_to(traj.valid[:, None], (num_steps, num_envs))
-                        .astype(jnp.float32)))
+            weight=flat(valid.astype(jnp.float32)))
         minibatch = n // cfg.num_minibatches  # rows left over are skipped (reshuffled each epoch)
 
         def minibatch_step(carry, sample):
