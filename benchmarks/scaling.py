@@ -16,6 +16,10 @@ Weight sync: a group of 2 runners with a ~1M-parameter policy (`fcnet_hiddens` [
 1024]); `sync_weights()` timed end to end (until both runners applied the weights) and
 without waiting (what the driver pays), next to a bare `ray.put` of the same weights.
 
+Ray starts worker processes with niceness 15, which on a machine shared with other work
+starves the runners against the driver; runners here get niceness 0 (the driver's) unless
+`--ray-worker-niceness`.
+
 Target (issue 5): efficiency >= 0.85 while runners <= cores. On a shared machine, read
 the recorded load average with the numbers.
 """
@@ -64,9 +68,17 @@ def timed_sample(runner):
     return batch, time.perf_counter() - wall, time.process_time() - cpu
 
 
+def actor_options(args) -> dict | None:
+    if args.ray_worker_niceness:
+        return None
+    # Ray starts worker processes with niceness 15; on a machine shared with other work
+    # that starves the runners against the driver (niceness 0). Give them equal footing.
+    return {"runtime_env": {"env_vars": {"RAY_worker_niceness": "0"}}}
+
+
 def measure_throughput(args) -> dict:
     config = make_config(args.max_runners, args.num_envs, args.fragment, args.hiddens)
-    group = EnvRunnerGroup(config=config)
+    group = EnvRunnerGroup(config=config, actor_options=actor_options(args))
     local_config = make_config(0, args.num_envs, args.fragment, args.hiddens)
     local = jaxrunner.SingleAgentEnvRunner(config=local_config)
     counts = list(range(1, args.max_runners + 1))
@@ -119,7 +131,7 @@ def measure_throughput(args) -> dict:
 def measure_sync(args) -> dict:
     hiddens = [1024, 1024]
     config = make_config(2, 4, 16, hiddens)
-    group = EnvRunnerGroup(config=config)
+    group = EnvRunnerGroup(config=config, actor_options=actor_options(args))
     try:
         weights = group.local_env_runner.get_state(components="rl_module")["rl_module"]
         num_params = int(sum(np.size(x) for x in jax.tree.leaves(weights)))
@@ -157,6 +169,8 @@ def main() -> None:
     parser.add_argument("--hiddens", type=int, nargs="+", default=[64, 64])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--sync-rounds", type=int, default=10)
+    parser.add_argument("--ray-worker-niceness", action="store_true",
+                        help="keep Ray's default niceness (15) for the runner processes")
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
                                                          "scaling.json"))
     args = parser.parse_args()
@@ -174,6 +188,7 @@ def main() -> None:
         "num_envs_per_runner": args.num_envs,
         "steps_per_sample_call": args.num_envs * args.fragment,
         "rounds": args.rounds,
+        "runner_process_niceness": "Ray default (15)" if args.ray_worker_niceness else 0,
         "machine": {"cpu_count": os.cpu_count(), "jax": jax.__version__, "ray": ray.__version__,
                     "platform": platform.platform(), "python": platform.python_version(),
                     "load_average_before": load_before, "load_average_after": os.getloadavg()},

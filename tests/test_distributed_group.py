@@ -124,9 +124,10 @@ def test_sync_weights__one_put_and_visible_in_the_next_batch(group, monkeypatch)
     assert len(puts) == 3  # one object per sync, whatever the number of runners
     # Only runner 2, from a learner-like source, with an explicit seq.
 
-    class Learner:
+    class Learner:  # full params: the value net is not sent to the runners
         def get_state(self, components):
-            return {"rl_module": helpers.forcing_action(base, 0)}
+            return {"rl_module": {**helpers.forcing_action(base, 0),
+                                  "vf": {"Dense_0": {"kernel": np.zeros((4, 16))}}}}
 
     seq = group.sync_weights(from_worker_or_learner_group=Learner(), to_worker_indices=[2],
                              weights_seq_no=group.weights_seq_no + 10, timeout_seconds=None)

@@ -420,7 +420,14 @@ class EnvRunnerGroup:
             raise ValueError(f"weights_seq_no must be an int >= 0, got {weights_seq_no!r}.")
         timeout = _check_timeout("timeout_seconds", timeout_seconds)
         targets = self._manager.check_ids(to_worker_indices, "sync_weights")
-        weights = jax.device_get(self._weights_from(params, from_worker_or_learner_group))
+        weights = self._weights_from(params, from_worker_or_learner_group)
+        module = getattr(self._local, "module", None)
+        if module is not None:
+            try:  # e.g. a learner's full params: send only what the runners act with
+                weights = module.params_for_inference(weights)
+            except (KeyError, TypeError):
+                pass  # set_state below names what does not fit
+        weights = jax.device_get(weights)
         seq = self._weights_seq_no + 1 if weights_seq_no is None else weights_seq_no
         state = {"rl_module": weights, "weights_seq_no": seq}
         self._local.set_state(state)  # validates the structure before anything is sent
