@@ -140,7 +140,10 @@ class EnvRunnerGroup:
             self._local = self._runner_cls(config=cfg, worker_index=0, num_workers=0)
             return
         if not ray.is_initialized():
-            ray.init(address=ray_address) if ray_address else ray.init()
+            if ray_address is None:
+                ray.init()
+            else:
+                ray.init(address=ray_address)
         elif ray_address is not None:
             logger.warning("Ray is already initialised; ray_address=%r is ignored.", ray_address)
         self._start_remote_runners(num_remote, actor_options)
