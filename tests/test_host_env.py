@@ -168,6 +168,49 @@ def test_user_vector_env_in_other_autoreset_modes_gives_the_same_episodes(mode):
         np.testing.assert_array_equal(getattr(same, field), getattr(other, field))
 
 
+class _DictObsGymEnv(gym.Env):
+    """Dict observations {"position": Box(2,), "phase": Discrete(3)}; action 0/1 moves
+    left/right; terminates when |x| > 3."""
+
+    observation_space = gym.spaces.Dict({
+        "position": gym.spaces.Box(-10.0, 10.0, (2,), np.float32),
+        "phase": gym.spaces.Discrete(3)})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        self.t = 0
+        return self._obs(), {}
+
+    def _obs(self):
+        return {"position": self.position.copy(), "phase": self.t % 3}
+
+    def step(self, action):
+        move = 1.0 if action == 1 else -1.0
+        self.position = self.position + np.float32([move, 0.5 * move])
+        self.t += 1
+        return self._obs(), 1.0, bool(abs(self.position[0]) > 3.0), False, {}
+
+
+def test_dict_observations_keep_the_final_observation_of_each_episode():
+    config = make_config(lambda ctx: gym.wrappers.TimeLimit(_DictObsGymEnv(), 12), num_envs=3)
+    runner = jr.SingleAgentEnvRunner(config=config)
+    assert runner.get_spaces()["default_policy"][0].shape == (5,)  # flattened for the module
+    batch = runner.sample(num_episodes=9)
+    assert len(batch) == 9
+    for episode in batch:
+        episode.validate()
+        position = episode.observations["position"]
+        assert position.dtype == np.float32 and episode.observations["phase"].dtype == np.int32
+        if episode.is_terminated:
+            # The last observation is the terminal one, not the next episode's reset.
+            assert abs(position[-1, 0]) > 3.0 and (np.abs(position[:-1, 0]) <= 3.0).all()
+        else:
+            assert episode.is_truncated and len(episode) == 12
+    assert any(e.is_terminated for e in batch)
+
+
 # ---------------------------------------------------------------------- the contract
 @pytest.fixture(scope="module")
 def host_and_compiled():
@@ -310,6 +353,7 @@ def _uid(obs) -> int:
     return int(np.asarray(obs)[..., 4].reshape(-1)[0])
 
 
+@pytest.mark.slow  # 59-82 s on the shared 2-core machine (about 1,800 vector steps)
 def test_flaky_env_200k_steps_failed_episodes_discarded_counted_and_logged_once(caplog):
     """~1% of vector steps raise (128 sub-envs, each step fails with p = 1/12800):
     StepFailedRecreateEnvError from odd env instances, ValueError from even ones."""
