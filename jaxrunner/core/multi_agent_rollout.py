@@ -20,8 +20,10 @@ RLlib's multi-agent semantics, per sub-env and agent:
   its observations, so a step whose action was taken in an earlier `sample()` call (a
   "hanging" action across a cut) is recorded whole in the call that completes it.
 
-The scan body stays lean: counters and the metric rings (an overall ring, one per agent
-and one per module) are updated after the scan from the recorded flags.
+The scan body stays lean: it writes a compact `_StepRecord` (flags packed in bytes, no
+per-step episode counters, no module index for a static mapping); the public
+`MultiAgentTrajectory`, the counters and the metric rings (an overall ring, one per agent
+and one per module) are derived after the scan, vectorised over `(T, B)`.
 """
 
 from __future__ import annotations
@@ -94,6 +96,26 @@ class MultiAgentTrajectory:
     agent_len: jax.Array  # (T, B, A) int32: completed agent steps up to and incl. t
     agent_return: jax.Array  # (T, B, A) float32: agent return up to and incl. t
     valid: jax.Array  # (T,) bool
+
+
+@struct.dataclass
+class _StepRecord:
+    """What the scan body writes per env step (compact; `MultiAgentTrajectory` is derived
+    from it after the scan)."""
+
+    flags: jax.Array  # (B, A) uint8: acted | completed << 1 | terminated << 2 | truncated << 3
+    all_flags: jax.Array  # (B,) uint8: all_terminated | all_truncated << 1
+    obs: dict
+    actions: dict
+    rewards: jax.Array  # (B, A) float32
+    next_obs: dict
+    extra_model_outputs: dict
+    env_rewards: jax.Array  # (B, A) float32
+    module_index: Any  # (B, A) int32, or None for a static mapping
+    valid: jax.Array  # () bool
+
+
+_ACTED, _COMPLETED, _TERMINATED, _TRUNCATED = 1, 2, 4, 8
 
 
 @struct.dataclass
@@ -372,13 +394,16 @@ def make_multi_agent_rollout_fns(spec: MultiAgentRolloutSpec, mode: str
             agent_return=jnp.where(all_done[:, None], 0.0, agent_return),
             vector_step=carry.vector_step + jnp.uint32(1),
         )
-        record = MultiAgentTrajectory(
-            acted=acting, completed=completed, obs=pending_obs, actions=pending_action,
+        flags = (acting.astype(jnp.uint8) | (completed.astype(jnp.uint8) << 1)
+                 | (terminated.astype(jnp.uint8) << 2) | (truncated.astype(jnp.uint8) << 3))
+        record = _StepRecord(
+            flags=flags,
+            all_flags=all_terminated.astype(jnp.uint8) | (all_truncated.astype(jnp.uint8) << 1),
+            obs=pending_obs, actions=pending_action,
             rewards=jnp.where(completed, pending_reward, 0.0), next_obs=final_obs,
-            terminated=terminated, truncated=truncated, extra_model_outputs=pending_extras,
-            env_rewards=reward, all_terminated=all_terminated, all_truncated=all_truncated,
-            module_index=carry.module_index, episode_len=episode_len, agent_len=agent_len,
-            agent_return=agent_return, valid=jnp.ones((), jnp.bool_))
+            extra_model_outputs=pending_extras, env_rewards=reward,
+            module_index=None if mapping.is_static else carry.module_index,
+            valid=jnp.ones((), jnp.bool_))
         return new_carry, record
 
     def pending_zeros(params: Any, obs: dict, module_index: jax.Array, key: jax.Array):
@@ -457,6 +482,42 @@ def make_multi_agent_rollout_fns(spec: MultiAgentRolloutSpec, mode: str
                                   rewards=jnp.stack(rewards, axis=-1),
                                   extra_model_outputs=extras)
 
+    def to_trajectory(records: _StepRecord, start: MultiAgentCarry) -> MultiAgentTrajectory:
+        """Decodes the flags and derives the per-step episode counters from the end flags
+        and the chunk-start counters (vectorised over `(T, B)`)."""
+        chunk_len = records.valid.shape[0]
+        has = lambda bit: (records.flags & bit) != 0  # noqa: E731
+        completed = has(_COMPLETED)
+        all_terminated = (records.all_flags & 1) != 0
+        all_truncated = (records.all_flags & 2) != 0
+        ended = (all_terminated | all_truncated) & records.valid[:, None]  # (T, B)
+        steps = jnp.arange(chunk_len, dtype=jnp.int32)[:, None]
+        last_end = jax.lax.cummax(jnp.where(ended, steps, -1), axis=0)
+        prev_end = jnp.concatenate([jnp.full((1, num_envs), -1, jnp.int32), last_end[:-1]])
+        from_start = prev_end < 0  # (T, B): the step's episode began before the chunk
+        episode_len = steps - prev_end + jnp.where(from_start, start.episode_len[None, :], 0)
+
+        def since_episode_start(per_step: jax.Array, at_start: jax.Array) -> jax.Array:
+            total = jnp.cumsum(per_step, axis=0)  # (T, B, A)
+            index = jnp.maximum(prev_end, 0)[:, :, None]
+            before = jnp.take_along_axis(total, jnp.broadcast_to(index, total.shape), axis=0)
+            return jnp.where(from_start[:, :, None], total + at_start[None], total - before)
+
+        if mapping.is_static:
+            module_index = jnp.broadcast_to(jnp.asarray(mapping.static_indices()),
+                                            (chunk_len, num_envs, num_agents))
+        else:
+            module_index = records.module_index
+        return MultiAgentTrajectory(
+            acted=has(_ACTED), completed=completed, obs=records.obs, actions=records.actions,
+            rewards=records.rewards, next_obs=records.next_obs, terminated=has(_TERMINATED),
+            truncated=has(_TRUNCATED), extra_model_outputs=records.extra_model_outputs,
+            env_rewards=records.env_rewards, all_terminated=all_terminated,
+            all_truncated=all_truncated, module_index=module_index, episode_len=episode_len,
+            agent_len=since_episode_start(completed.astype(jnp.int32), start.agent_len),
+            agent_return=since_episode_start(records.rewards, start.agent_return),
+            valid=records.valid)
+
     def update_metrics(carry: MultiAgentCarry, traj: MultiAgentTrajectory,
                        start_step: jax.Array, episodes_limit: jax.Array):
         chunk_len = traj.episode_len.shape[0]
@@ -515,14 +576,15 @@ def make_multi_agent_rollout_fns(spec: MultiAgentRolloutSpec, mode: str
             c, record = jax.lax.cond(active, lambda c: vector_step(c, params, env_params),
                                      skip, c)
             record = record.replace(valid=active)
-            episodes_done = episodes_done + jnp.sum(
-                (record.all_terminated | record.all_truncated).astype(jnp.int32))
-            agent_steps_done = agent_steps_done + jnp.sum(record.completed.astype(jnp.int32))
+            episodes_done = episodes_done + jnp.sum((record.all_flags != 0).astype(jnp.int32))
+            agent_steps_done = agent_steps_done + jnp.sum(
+                ((record.flags & _COMPLETED) != 0).astype(jnp.int32))
             return (c, episodes_done, agent_steps_done), record
 
         zero = jnp.zeros((), jnp.int32)
-        (carry, _, agent_steps_done), traj = jax.lax.scan(
+        (carry, _, agent_steps_done), records = jax.lax.scan(
             body, (carry, zero, zero), jnp.arange(spec.chunk_len, dtype=jnp.int32))
+        traj = to_trajectory(records, start)
         carry, num_counted, counted_len = update_metrics(carry, traj, start.vector_step,
                                                          episodes_limit)
         lookback = update_lookback(lookback, traj)
