@@ -1,0 +1,136 @@
+"""Shared fixtures: small, fast-compiling configs and an XLA compilation counter.
+
+Every runner built from these configs compiles its rollout once (a few seconds on a
+2-core CPU), so tests share runners through module-scoped fixtures where the contract
+they check does not depend on a fresh runner.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner
+
+
+def make_config(env="CartPole-v1", *, num_envs: int = 2, fragment: int = 8,
+                hiddens=(16,), seed: int = 0, **env_runners_kwargs) -> jaxrunner.RunnerConfig:
+    """A small config: seed 0, few sub-envs, a short fragment and a tiny MLP."""
+    return (jaxrunner.RunnerConfig()
+            .environment(env)
+            .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=fragment,
+                         **env_runners_kwargs)
+            .rl_module(model_config={"fcnet_hiddens": list(hiddens)})
+            .debugging(seed=seed))
+
+
+@pytest.fixture(scope="module")
+def fast_compiles():
+    """Compiles with `jax_disable_most_optimizations` while the module runs.
+
+    The contract tests build many small runners, and XLA:CPU compile time dominates their
+    run time on a 2-core machine; without LLVM's expensive passes compiles take about
+    half as long (the programs then run slower, which these tests do not notice). Read
+    per compilation, so other test modules keep the default. Use it with
+    `pytestmark = pytest.mark.usefixtures("fast_compiles")`.
+    """
+    previous = bool(jax.config.values.get("jax_disable_most_optimizations", False))
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", previous)
+
+
+@pytest.fixture(scope="session")
+def cartpole_config():
+    """Factory `cartpole_config(num_envs=2, fragment=8, **env_runners_kwargs)`."""
+    return make_config
+
+
+class CompileCounter(logging.Handler):
+    """Counts the "Compiling ..." records JAX logs when `jax_log_compiles` is on."""
+
+    def __init__(self):
+        super().__init__(level=logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Compiling"):
+            self.messages.append(message)
+
+    @property
+    def count(self) -> int:
+        return len(self.messages)
+
+    def reset(self) -> None:
+        self.messages.clear()
+
+
+@pytest.fixture
+def compile_counter():
+    """Counts XLA compilations while the test runs (restores the config afterwards)."""
+    previous = jax.config.jax_log_compiles
+    logger = logging.getLogger("jax")
+    previous_level = logger.level
+    handler = CompileCounter()
+    jax.config.update("jax_log_compiles", True)
+    if logger.getEffectiveLevel() > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous_level)
+        jax.config.update("jax_log_compiles", previous)
+
+
+def host_tree(tree):
+    """A pytree of device arrays on the host, typed PRNG keys as their raw key data."""
+    def leaf(x):
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        return np.asarray(jax.device_get(x))
+    return jax.tree.map(leaf, tree)
+
+
+def assert_trees_equal(a, b, what: str = "tree") -> None:
+    """Same structure and bit-identical leaves."""
+    a, b = host_tree(a), host_tree(b)
+    assert jax.tree.structure(a) == jax.tree.structure(b), what
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y, err_msg=f"{what}{jax.tree_util.keystr(path)}")
+
+
+def whole_episodes(batches) -> tuple[dict, list]:
+    """Joins the chunks of successive timestep-mode batches with `concat_episode`.
+
+    Returns `(by_id, finished)`: every episode (whole so far, a copy: the batches are not
+    changed) keyed by id, and the ids of the finished ones. Episodes whose first chunk
+    was not in `batches` (t_started > 0 on first sight) are kept under the key
+    `("partial", id_)` so callers can skip them.
+    """
+    by_id: dict = {}
+    finished: list = []
+    for batch in batches:
+        for chunk in batch:
+            key = chunk.id_
+            if key in by_id and not by_id[key].is_done:
+                by_id[key].concat_episode(chunk)
+            elif chunk.t_started == 0:
+                by_id[key] = copy.deepcopy(chunk)
+            else:
+                key = ("partial", chunk.id_)
+                if key in by_id:
+                    by_id[key].concat_episode(chunk)
+                else:
+                    by_id[key] = copy.deepcopy(chunk)
+            if by_id[key].is_done and not isinstance(key, tuple):
+                finished.append(key)
+    return by_id, finished

@@ -1,0 +1,297 @@
+"""Env resolution, EnvContext, error messages, and a smoke matrix over every gymnax id."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import gymnax
+import jax
+import numpy as np
+import pytest
+from gymnax.environments import environment as gymnax_environment
+from gymnax.environments import spaces as gymnax_spaces
+from gymnax.environments.classic_control.cartpole import CartPole
+
+import jaxrunner
+from jaxrunner.envs import EnvContext, gymnax_env_ids, make_jax_env, registered_env_names
+from jaxrunner.envs import registry as registry_module
+
+from conftest import make_config
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+
+def _same_params(a, b) -> bool:
+    return (jax.tree.structure(a) == jax.tree.structure(b)
+            and all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))))
+
+
+@pytest.fixture
+def isolated_registry(monkeypatch):
+    """Registrations made by the test disappear afterwards."""
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+
+
+# ----------------------------------------------------------------------------- resolution
+def test_envs__registered_name_wins_over_gymnax_id(isolated_registry):
+    jaxrunner.register_env("CartPole-v1", lambda ctx: gymnax.make("Pendulum-v1"))
+    env, params, name = make_jax_env("CartPole-v1", EnvContext({}))
+    assert isinstance(env.action_space(params), gymnax_spaces.Box)  # Pendulum, not CartPole
+    assert name == "CartPole-v1"
+    assert "CartPole-v1" in registered_env_names()
+
+
+def test_envs__registered_name_wins_in_runner(isolated_registry):
+    jaxrunner.register_env("CartPole-v1", lambda ctx: gymnax.make("Pendulum-v1"))
+    runner = jaxrunner.SingleAgentEnvRunner(config=make_config("CartPole-v1"))
+    obs_space, act_space = runner.get_spaces()["__env_single__"]
+    assert isinstance(act_space, gym.spaces.Box) and obs_space.shape == (3,)
+
+
+def test_envs__callable_creator_gets_context_and_may_return_bare_env():
+    seen = []
+
+    def creator(ctx):
+        seen.append(ctx)
+        return gymnax.make("Acrobot-v1")
+
+    env, params, _ = make_jax_env(creator, EnvContext({"k": 1}, worker_index=2))
+    assert env.action_space(params).n == 3
+    assert isinstance(seen[0], EnvContext) and seen[0]["k"] == 1 and seen[0].worker_index == 2
+
+    bare_env, _ = gymnax.make("MountainCar-v0")
+    env, params, _ = make_jax_env(lambda ctx: bare_env, EnvContext({}))
+    assert env is bare_env and _same_params(params, bare_env.default_params)
+
+
+def test_envs__gymnax_instance_uses_default_params():
+    instance, _ = gymnax.make("Acrobot-v1")
+    env, params, name = make_jax_env(instance, EnvContext({}))
+    assert env is instance
+    assert _same_params(params, instance.default_params)
+    assert isinstance(name, str) and name
+
+
+def test_envs__gymnax_id():
+    env, params, name = make_jax_env("MountainCar-v0", EnvContext({}))
+    assert name == "MountainCar-v0"
+    assert env.action_space(params).n == 3
+    assert type(env).__name__ == type(gymnax.make("MountainCar-v0")[0]).__name__
+
+
+def test_envs__gymnax_id_with_bad_env_config_is_value_error():
+    with pytest.raises(ValueError) as info:
+        make_jax_env("CartPole-v1", EnvContext({"no_such_kwarg": 1}))
+    assert "env_config" in str(info.value) and "no_such_kwarg" in str(info.value)
+
+
+def test_envs__register_env_creator_receives_env_context(isolated_registry):
+    seen = []
+
+    def creator(ctx):
+        seen.append(ctx)
+        env, params = gymnax.make("CartPole-v1")
+        return env, params.replace(max_steps_in_episode=ctx["max_steps"])
+
+    jaxrunner.register_env("short-cartpole-ctx", creator)
+    config = make_config("short-cartpole-ctx").environment(env_config={"max_steps": 7})
+    runner = jaxrunner.SingleAgentEnvRunner(config=config, worker_index=3, num_workers=4)
+    ctx = seen[-1]
+    assert isinstance(ctx, EnvContext)
+    assert dict(ctx) == {"max_steps": 7}
+    assert ctx.worker_index == 3 and ctx.num_workers == 4
+    assert runner.env_params.max_steps_in_episode == 7
+
+
+def test_envs__register_env_rejects_bad_arguments(isolated_registry):
+    with pytest.raises(TypeError, match="callable"):
+        jaxrunner.register_env("x", "not a creator")
+    with pytest.raises(TypeError, match="name"):
+        jaxrunner.register_env("", lambda ctx: gymnax.make("CartPole-v1"))
+
+
+def test_envs__creator_returning_a_non_env_is_type_error(isolated_registry):
+    jaxrunner.register_env("not-an-env", lambda ctx: (object(), None))
+    with pytest.raises(TypeError, match="gymnax"):
+        make_jax_env("not-an-env", EnvContext({}))
+
+
+# ----------------------------------------------------------------------------- errors
+def test_envs__unknown_id_names_close_matches():
+    with pytest.raises(ValueError) as info:
+        make_jax_env("CartPole-v0", EnvContext({}))
+    assert "CartPole-v0" in str(info.value) and "CartPole-v1" in str(info.value)
+    with pytest.raises(ValueError, match="Acrobot-v1"):
+        jaxrunner.SingleAgentEnvRunner(config=make_config("Acrobot-v0"))
+
+
+def test_envs__no_env_is_value_error():
+    config = jaxrunner.RunnerConfig().env_runners(num_envs_per_env_runner=2)
+    with pytest.raises(ValueError, match="environment"):
+        jaxrunner.SingleAgentEnvRunner(config=config)
+
+
+def test_envs__mnist_bandit_is_a_clear_value_error():
+    assert "MNISTBandit-bsuite" not in gymnax_env_ids()
+    assert "MNISTBandit-bsuite" in gymnax_env_ids(runnable_only=False)
+    with pytest.raises(ValueError) as info:
+        make_jax_env("MNISTBandit-bsuite", EnvContext({}))
+    message = str(info.value)
+    assert "MNISTBandit-bsuite" in message and "download" in message
+    assert "register_env" in message
+
+
+class PythonIfCartPole(CartPole):
+    """A CartPole whose step uses Python `if` on a traced action: not jittable."""
+
+    def step_env(self, key, state, action, params):
+        if action > 0:  # TracerBoolConversionError under jit
+            action = 1
+        return super().step_env(key, state, action, params)
+
+
+def test_envs__python_if_on_traced_value_is_type_error_at_construction(isolated_registry):
+    with pytest.raises(TypeError) as info:
+        jaxrunner.SingleAgentEnvRunner(config=make_config(PythonIfCartPole()))
+    message = str(info.value)
+    assert "trace" in message and "lax.cond" in message
+    jaxrunner.register_env("python-if", lambda ctx: PythonIfCartPole())
+    with pytest.raises(TypeError, match="python-if"):
+        jaxrunner.SingleAgentEnvRunner(config=make_config("python-if"))
+
+
+def test_envs__spaces_are_gymnasium_and_batched():
+    runner = jaxrunner.SingleAgentEnvRunner(config=make_config("CartPole-v1", num_envs=3))
+    spaces = runner.get_spaces()
+    obs_space, act_space = spaces["__env_single__"]
+    assert obs_space == gym.spaces.Box(obs_space.low, obs_space.high, (4,), np.float32)
+    assert act_space == gym.spaces.Discrete(2)
+    assert spaces["__env__"][0].shape == (3, 4)
+    assert spaces["__env__"][1] == gym.spaces.MultiDiscrete([2, 2, 2])
+    assert spaces["default_policy"] == (obs_space, act_space)
+
+
+# ----------------------------------------------------------------------------- smoke matrix
+class RecordActions(gymnax_environment.Environment):
+    """Delegates to a gymnax env and records (host side) every action the env receives."""
+
+    def __init__(self, inner, sink: list):
+        super().__init__()
+        self.inner = inner
+        self.sink = sink
+
+    @property
+    def default_params(self):
+        return self.inner.default_params
+
+    @property
+    def name(self):
+        return self.inner.name
+
+    def step_env(self, key, state, action, params):
+        jax.debug.callback(lambda a: self.sink.append(np.asarray(a)), action)
+        return self.inner.step_env(key, state, action, params)
+
+    def reset_env(self, key, params):
+        return self.inner.reset_env(key, params)
+
+    def is_truncated(self, state, params):
+        return self.inner.is_truncated(state, params)
+
+    def observation_space(self, params):
+        return self.inner.observation_space(params)
+
+    def action_space(self, params):
+        return self.inner.action_space(params)
+
+
+# gymnax envs whose observations leave the space they declare (gymnax's bugs, not the
+# runner's): for these only shapes and finiteness are checked.
+GYMNAX_OBS_OUTSIDE_DECLARED_SPACE = {
+    "Catch-bsuite": "float32 observations, declared int32",
+    "MemoryChain-bsuite": "an entry reaches -1, declared low 0",
+    "MetaMaze-misc": "the reward entry reaches 10, declared high 1",
+    "GaussianBandit-misc": "the previous-reward entry goes negative, declared low 0",
+}
+
+
+def _in_space(space: gym.spaces.Space, x: np.ndarray, strict: bool) -> bool:
+    """`space.contains` with float round-off allowed at the bounds (UmbrellaChain-bsuite
+    emits -1.5e-8 for a declared low of 0) and same-kind dtype casts (int32
+    observations in a float32 Box)."""
+    x = np.asarray(x)
+    if isinstance(space, gym.spaces.Discrete):
+        return (np.issubdtype(x.dtype, np.integer) and x.shape == ()
+                and space.start <= int(x) < space.start + space.n)
+    assert isinstance(space, gym.spaces.Box), space
+    if x.shape != space.shape or not np.all(np.isfinite(x)):
+        return False
+    if not strict:
+        return True
+    low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
+    value = x.astype(np.float64)
+    return (np.can_cast(x.dtype, space.dtype, "same_kind")
+            and bool(np.all(value >= low - 1e-6 * (1.0 + np.abs(low))))
+            and bool(np.all(value <= high + 1e-6 * (1.0 + np.abs(high)))))
+
+
+def _check_chunks(batch, obs_space, act_space, n, strict_obs=True):
+    assert sum(len(e) for e in batch) == n
+    for episode in batch:
+        episode.validate()
+        assert len(episode) > 0
+        for obs in list(episode.observations) + list(episode.lookback_observations):
+            assert _in_space(obs_space, obs, strict_obs), (episode, obs_space, obs)
+        if isinstance(act_space, gym.spaces.Discrete):
+            for action in episode.actions:
+                assert act_space.contains(np.asarray(action)), (episode, action)
+        else:
+            assert episode.actions.shape == (len(episode),) + act_space.shape
+            assert np.all(np.isfinite(episode.actions))
+        assert np.all(np.isfinite(episode.rewards))
+
+
+@pytest.mark.parametrize("env_id", gymnax_env_ids())
+def test_envs__every_gymnax_id_builds_and_samples(env_id, isolated_registry):
+    gx_env, gx_params = gymnax.make(env_id)
+    box_actions = isinstance(gx_env.action_space(gx_params), gymnax_spaces.Box)
+    sent_actions: list = []
+    env_spec = env_id
+    if box_actions:
+        # Same env, wrapped to see the actions after normalisation/clipping.
+        name = f"recorded-{env_id}"
+        jaxrunner.register_env(name, lambda ctx: (RecordActions(gx_env, sent_actions),
+                                                  gx_params))
+        env_spec = name
+    num_envs, n = 2, 16
+    runner = jaxrunner.SingleAgentEnvRunner(
+        config=make_config(env_spec, num_envs=num_envs, fragment=8, hiddens=(8,)))
+    obs_space, act_space = runner.get_spaces()["__env_single__"]
+    strict_obs = env_id not in GYMNAX_OBS_OUTSIDE_DECLARED_SPACE
+
+    previous = None
+    for _ in range(2):
+        batch = runner.sample(num_timesteps=n)
+        _check_chunks(batch, obs_space, act_space, n, strict_obs)
+        if previous is not None:
+            last = {e.id_: e for e in previous if not e.is_done}
+            for episode in batch:
+                if episode.id_ in last:
+                    assert episode.t_started == last[episode.id_].t
+        previous = batch
+
+    max_steps = getattr(gx_params, "max_steps_in_episode", None)
+    if max_steps is not None and max_steps <= 200:
+        batch = runner.sample(num_episodes=1)
+        assert len(batch) == 1
+        episode = batch[0]
+        assert episode.is_done and episode.t_started == 0
+        assert 0 < len(episode) <= max_steps
+        _check_chunks(batch, obs_space, act_space, len(episode), strict_obs)
+
+    if box_actions:
+        jax.effects_barrier()
+        sent = np.stack([np.reshape(a, (-1,) + act_space.shape) for a in sent_actions]
+                        ).reshape((-1,) + act_space.shape)
+        assert len(sent) >= 2 * n
+        assert np.all(sent >= act_space.low) and np.all(sent <= act_space.high), (
+            f"actions sent to {env_id} leave {act_space}: min {sent.min(0)}, max {sent.max(0)}")
