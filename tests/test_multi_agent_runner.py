@@ -430,3 +430,21 @@ def test_env_agents_must_be_fixed_at_construction():
     config = relay_config().environment(lambda ctx: (Growing(), Growing().default_params))
     with pytest.raises(ValueError, match="agents_to_act"):
         MultiAgentEnvRunner(config=config)
+
+
+def test_local_runner_without_env_has_modules_from_given_spaces():
+    """A group's local runner (worker_index=0 next to remote runners) builds no env: its
+    modules come from the spaces it is given, and sampling says why it cannot."""
+    import gymnasium as gym
+
+    box, cells = gym.spaces.Box(-1.0, 1.0, (9,), np.float32), gym.spaces.Discrete(9)
+    config = ttt_config(num_env_runners=2)
+    runner = MultiAgentEnvRunner(config=config, worker_index=0,
+                                 spaces={"main": (box, cells), "opponent": (box, cells)})
+    assert runner.env is None and set(runner.module) == {"main", "opponent"}
+    assert set(runner.get_state()["rl_module"]) == {"main", "opponent"}
+    assert runner.get_metrics()["num_env_steps_sampled"] == 0
+    with pytest.raises(ValueError, match="no env"):
+        runner.sample()
+    with pytest.raises(AssertionError):
+        runner.assert_healthy()

@@ -506,7 +506,8 @@ class MultiAgentEnvRunner(EnvRunner):
             from jaxrunner.core.carry import MetricRegisters
 
             empty = jax.device_get(MetricRegisters.create(1))
-            stack = lambda n: jax.tree.map(lambda x: np.stack([x] * n), empty)  # noqa: E731
+            stack = lambda n: jax.tree.map(  # noqa: E731
+                lambda x: np.zeros((n,) + np.shape(x), np.asarray(x).dtype), empty)
             values = (empty, stack(len(self._agent_ids)), stack(len(self.module.module_ids)),
                       np.zeros(len(self._agent_ids)), np.zeros(len(self.module.module_ids)))
         else:
