@@ -448,3 +448,23 @@ def test_local_runner_without_env_has_modules_from_given_spaces():
         runner.sample()
     with pytest.raises(AssertionError):
         runner.assert_healthy()
+
+
+def test_jaxmarl_mpe_through_the_runner():
+    pytest.importorskip("jaxmarl")
+    config = (RunnerConfig().environment("jaxmarl/MPE_simple_spread_v3")
+              .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=30)
+              .rl_module(model_config={"fcnet_hiddens": [16]})
+              .multi_agent(policies={"shared"}).debugging(seed=0))
+    runner = MultiAgentEnvRunner(config=config)
+    try:
+        batch = runner.sample()
+        assert sum(len(e) for e in batch) == 60
+        finished = [e for e in batch if e.is_done]
+        assert len(finished) == 2
+        for episode in finished:  # MPE ends on its step limit: truncated, 3 agents x 26 steps
+            assert episode.is_truncated and len(episode) == 26 and episode.agent_steps() == 78
+        metrics = runner.get_metrics()
+        assert set(metrics["agent_episode_return_mean"]) == {"agent_0", "agent_1", "agent_2"}
+    finally:
+        runner.stop()
