@@ -44,6 +44,10 @@ class EpisodeBatch(Sequence):
         self.weights_seq_no = weights_seq_no
         self.observation_space = observation_space
         self.action_space = action_space
+        if num_steps == 0:
+            # Nothing ran: keep no reference to the runner's carry (the next call donates
+            # its buffers, which would leave this batch holding deleted arrays).
+            start_episode_count = start_episode_len = None
         self._start_episode_count = start_episode_count
         self._start_episode_len = start_episode_len
         self._lookback = lookback
@@ -95,6 +99,8 @@ class EpisodeBatch(Sequence):
         return [episode.to_rllib() for episode in self._host_episodes()]
 
     def _build_host_episodes(self) -> list[SingleAgentEpisode]:
+        if self._num_steps == 0:
+            return []  # num_timesteps=0 or num_episodes=0: no chunk ran
         # One device-to-host transfer of everything the views need.
         chunks, start_count, start_len, lookback = jax.device_get(
             (self.chunks, self._start_episode_count, self._start_episode_len, self._lookback))
