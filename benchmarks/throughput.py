@@ -22,11 +22,14 @@ def main() -> None:
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--random-actions", action="store_true")
+    parser.add_argument("--connectors", action="store_true",
+                        help="also measure MeanStdFilter + FrameStacking (issue: <= 10% cost)")
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
                                                          "throughput.json"))
     args = parser.parse_args()
     run_throughput(env_id=args.env, num_envs_list=args.num_envs, num_steps=args.num_steps,
-                   random_actions=args.random_actions, rounds=args.rounds, output=args.output)
+                   random_actions=args.random_actions, rounds=args.rounds, output=args.output,
+                   with_connectors=args.connectors)
     print(f"wrote {args.output}")
 
 

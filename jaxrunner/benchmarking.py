@@ -130,6 +130,7 @@ def compare(sides: dict[str, Callable[[], None]], steps_per_call: int, *, rounds
             timings[name].append(time.perf_counter() - start)
     steps = steps_per_call * calls_per_round
     result: dict[str, Any] = {
+        "_timings": timings,
         "steps_per_s": {name: steps / min(t) for name, t in timings.items()},
         "median_steps_per_s": {name: steps / statistics.median(t) for name, t in timings.items()},
     }
@@ -140,6 +141,14 @@ def compare(sides: dict[str, Callable[[], None]], steps_per_call: int, *, rounds
     return result
 
 
+def _filter_and_stack(env, spaces, device):
+    """MeanStdFilter + 4-frame stacking: the connector cost case of the benchmark."""
+    from jaxrunner.connectors import FrameStacking, MeanStdFilter
+
+    obs_space = spaces["__env_single__"][0]
+    return [MeanStdFilter(obs_space), FrameStacking(obs_space, 4)]
+
+
 def machine_info() -> dict[str, Any]:
     return {"jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
             "platform": platform.platform(), "processor": platform.processor(),
@@ -148,8 +157,8 @@ def machine_info() -> dict[str, Any]:
 
 def run_throughput(*, env_id: str = "CartPole-v1", num_envs_list=(1024, 4096),
                    num_steps: int = 128, hiddens=(64, 64), random_actions: bool = False,
-                   rounds: int = 10, output: str | None = None, progress=print
-                   ) -> dict[str, Any]:
+                   rounds: int = 10, output: str | None = None, progress=print,
+                   with_connectors: bool = False) -> dict[str, Any]:
     """jaxrunner `sample()` vs the bare scan at each `num_envs`; JSON-ready results."""
     results: dict[str, Any] = {"benchmark": "throughput", "env": env_id, "policy":
                                "random" if random_actions else f"mlp{list(hiddens)} explore",
@@ -159,8 +168,17 @@ def run_throughput(*, env_id: str = "CartPole-v1", num_envs_list=(1024, 4096),
         run_ours, compile_s = make_jaxrunner(env_id, num_envs, num_steps, tuple(hiddens),
                                              random_actions)
         run_bare = make_bare_scan(env_id, num_envs, num_steps, tuple(hiddens), random_actions)
-        case = compare({"jaxrunner": run_ours, "bare_scan": run_bare}, num_envs * num_steps,
-                       rounds=rounds)
+        sides = {"jaxrunner": run_ours, "bare_scan": run_bare}
+        if with_connectors:
+            sides["jaxrunner_meanstd_framestack"], _ = make_jaxrunner(
+                env_id, num_envs, num_steps, tuple(hiddens), random_actions,
+                env_to_module_connector=_filter_and_stack)
+        case = compare(sides, num_envs * num_steps, rounds=rounds)
+        if with_connectors:
+            case["connector_cost_ratio"] = statistics.median(
+                ours / with_conn for ours, with_conn in zip(
+                    case["_timings"]["jaxrunner"],
+                    case["_timings"]["jaxrunner_meanstd_framestack"]))
         case.update({"num_envs": num_envs, "jaxrunner_first_sample_s": compile_s})
         results["cases"].append(case)
         progress(f"{env_id} num_envs={num_envs}: jaxrunner "
