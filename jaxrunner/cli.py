@@ -132,7 +132,10 @@ def _make_sampler(args: argparse.Namespace):
               .env_runners(num_envs_per_env_runner=args.num_envs,
                            rollout_fragment_length=args.fragment,
                            num_env_runners=args.runners,
-                           explore=not args.no_explore)
+                           explore=not args.no_explore,
+                           # The command line wants every step it asked for: no runner's
+                           # batch is dropped for being slow (the first call compiles).
+                           sample_timeout_s=None)
               .rl_module(model_config={"fcnet_hiddens": args.hiddens})
               .debugging(seed=args.seed))
     if not args.runners:

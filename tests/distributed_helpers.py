@@ -40,6 +40,9 @@ def actor_options(**env_vars: str) -> dict[str, Any]:
 def small_config(num_env_runners: int, **env_runners: Any) -> jaxrunner.RunnerConfig:
     """CartPole, 2 sub-envs, a 16-unit MLP, fractional CPUs so groups fit a 2-CPU Ray."""
     env_runners.setdefault("num_cpus_per_env_runner", 0.5)
+    # A loaded 2-core machine can take over RLlib's 60 s default to compile a runner's
+    # first sample(); tests of late results pass their own short timeout_seconds.
+    env_runners.setdefault("sample_timeout_s", 600.0)
     return (jaxrunner.RunnerConfig()
             .environment("CartPole-v1")
             .env_runners(num_env_runners=num_env_runners, num_envs_per_env_runner=2,
