@@ -136,8 +136,7 @@ def test_push_weights__runner_samples_with_the_learner_policy(runner_and_learner
     traj = batch.trajectory()
     obs = traj.obs.reshape(-1, traj.obs.shape[-1])
     out = learner.module.forward_train(learner.params, {"obs": obs})
-    logp = learner.module.action_dist_cls.from_inputs(out["action_dist_inputs"]).logp(
-        traj.actions.reshape(-1))
+    logp = learner.module.action_dist(out["action_dist_inputs"]).logp(traj.actions.reshape(-1))
     np.testing.assert_allclose(np.asarray(logp),
                                np.asarray(traj.extra_model_outputs["action_logp"]).reshape(-1),
                                rtol=1e-5, atol=1e-5)
@@ -177,6 +176,20 @@ def test_update__continuous_actions_and_multi_chunk_batches():
     stats = jax.device_get(learner.update(batch))
     assert all(np.isfinite(v) for v in stats.values())
     assert stats["entropy"] > 0  # a Gaussian over one action dimension
+
+
+def test_from_runner__refuses_connectors_that_change_the_observations():
+    from jaxrunner.connectors import MeanStdFilter
+
+    config = (jaxrunner.RunnerConfig().environment("CartPole-v1")
+              .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=8,
+                           env_to_module_connector=lambda env, spaces: [
+                               MeanStdFilter(spaces["__env_single__"][0])])
+              .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
+    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    with pytest.raises(ValueError, match="env-to-module connectors"):
+        PPOLearner.from_runner(runner)
+    runner.stop()
 
 
 def test_train__cartpole_return_improves():

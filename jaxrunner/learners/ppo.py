@@ -131,12 +131,6 @@ def clipped_surrogate_loss(log_ratio: jax.Array, advantages: jax.Array,
                         jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages)
 
 
-def _action_dist(module: RLModule, inputs: jax.Array):
-    if hasattr(module, "action_dist"):
-        return module.action_dist(inputs)
-    return module.action_dist_cls.from_inputs(inputs)
-
-
 def _weighted_mean(x: jax.Array, weight: jax.Array) -> jax.Array:
     return jnp.sum(x * weight) / jnp.maximum(jnp.sum(weight), 1.0)
 
@@ -155,7 +149,7 @@ class PPOLearner:
         if module.inference_only:
             raise ValueError("PPOLearner needs a module with a value head: build it with "
                              "RLModuleSpec(inference_only=False).")
-        if getattr(module, "is_stateful", lambda: False)():
+        if module.is_stateful():
             raise ValueError(f"PPOLearner trains feed-forward modules; "
                              f"{type(module).__name__} is recurrent.")
         self.module = module
@@ -183,7 +177,16 @@ class PPOLearner:
         value head. `runner` is a `SingleAgentEnvRunner` or an `EnvRunnerGroup`."""
         runner_config = runner.config
         source = getattr(runner, "local_env_runner", runner)  # a group: its local runner
-        obs_space, act_space = source.get_spaces()[DEFAULT_MODULE_ID]
+        spaces = source.get_spaces()
+        obs_space, act_space = spaces[DEFAULT_MODULE_ID]
+        env_obs_space = spaces.get("__env_single__", (obs_space,))[0]
+        if runner_config.env_to_module_connector is not None or env_obs_space != obs_space:
+            # The trajectory holds env observations; the module would see them changed.
+            raise ValueError(
+                "PPOLearner trains on the trajectory's env observations, but this runner's "
+                f"env-to-module connectors change what the module sees ({env_obs_space} -> "
+                f"{obs_space}). Use the default connectors with Box or Discrete "
+                "observations, or a learner that applies the same connectors.")
         spec = runner_config.rl_module_spec or RLModuleSpec()
         module = RLModuleSpec(
             module_class=spec.module_class,
@@ -204,7 +207,7 @@ class PPOLearner:
     def _loss(self, params: Any, sample: _Sample) -> tuple[jax.Array, dict]:
         cfg = self.config
         out = self.module.forward_train(params, {"obs": sample.obs})
-        dist = _action_dist(self.module, out["action_dist_inputs"])
+        dist = self.module.action_dist(out["action_dist_inputs"])
         logp = dist.logp(sample.actions)
         advantages = sample.advantages
         if cfg.normalize_advantages:
