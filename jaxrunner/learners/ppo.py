@@ -158,8 +158,10 @@ class PPOLearner:
             optax.clip_by_global_norm(config.max_grad_norm),
             optax.adam(config.learning_rate, eps=1e-5),
         )
-        # One compiled init instead of many small eager ops.
-        self.state = jax.jit(self.init_state)(jax.random.key(config.seed), params)
+        # Eager on purpose: a runner built first has already compiled the same small init
+        # ops (same layer shapes), so this mostly reuses them; a jitted init would compile
+        # the orthogonal initialisers all over again (seconds on a CPU).
+        self.state = self.init_state(jax.random.key(config.seed), params)
         self.weights_seq_no = 0
         self._update = jax.jit(self.update_fn)
 
