@@ -653,6 +653,7 @@ def plot(results: dict, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     envs = list(results["envs"])
     fig, axes = plt.subplots(1, len(envs), figsize=(6.5 * len(envs), 4.2), squeeze=False)
@@ -671,6 +672,10 @@ def plot(results: dict, path: str) -> None:
                     label=run["method"] if first else None)
         ax.axhline(section["target"], color="black", ls="--", lw=0.8, label="target")
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.grid(True, which="major", alpha=0.3)
         ax.set_xlabel("wall time since start, compile included (s, log)")
         ax.set_ylabel(f"mean return of the last {SMOOTHING} episodes")
         summary = section["summary"]

@@ -340,6 +340,9 @@ def _as_trajectory(batch: Any) -> Trajectory:
         return batch
     if isinstance(batch, (list, tuple)):
         trajs = [_as_trajectory(b) for b in batch]
+        if not trajs:
+            raise ValueError("PPOLearner.update got no batches (did every runner of the group "
+                             "time out? see sample_timeout_s).")
         if len(trajs) == 1:
             return trajs[0]
         lengths = {t.rewards.shape[0] for t in trajs}
