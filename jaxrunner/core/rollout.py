@@ -135,9 +135,9 @@ def _episode_stats_at(traj: Trajectory, flat_positions: jax.Array,
     chunk_len, num_envs = traj.rewards.shape
     t_end = flat_positions // num_envs
     column = flat_positions % num_envs
-    ended = (traj.terminated | traj.truncated | traj.failed) & traj.valid[:, None]
+    ended_cols = ((traj.terminated[:, column] | traj.truncated[:, column]
+                   | traj.failed[:, column]) & traj.valid[:, None])  # (T, W)
     steps = jnp.arange(chunk_len, dtype=jnp.int32)[:, None]
-    ended_cols = ended[:, column]  # (T, W)
     before = ended_cols & (steps < t_end[None, :])
     prev_end = jnp.max(jnp.where(before, steps, -1), axis=0)  # (W,)
     in_episode = (steps > prev_end[None, :]) & (steps <= t_end[None, :])
@@ -148,56 +148,151 @@ def _episode_stats_at(traj: Trajectory, flat_positions: jax.Array,
     return length.astype(jnp.int32), ret.astype(jnp.float32)
 
 
+def _block_size(num_items: int, num_queries: int) -> int:
+    """Power-of-two block for `rank_positions`: balances the per-block pass (N / S) against
+    the per-query block scans (W * S)."""
+    best = math.sqrt(max(1, num_items) / max(1, num_queries))
+    return int(min(4096, max(8, 2 ** round(math.log2(max(best, 1.0))))))
+
+
+def rank_positions(flags: jax.Array, ranks: jax.Array) -> jax.Array:
+    """Flat index of the `rank`-th (1-based) True of `flags` (any shape, row-major order)
+    for each entry of `ranks` (W,) int32; ranks outside `[1, count]` give a clamped index.
+
+    Two-level search instead of a cumulative sum over all `N` flags: one pass counts the
+    flags per block of `S`, a cumulative sum over the `N / S` block counts locates each
+    rank's block, then a scan inside `W` blocks of `S` finds it. Work `O(N + W * S)`,
+    temporaries `O(N / S + W * S)`, no `N`-sized scan (which costs as much as the rollout's
+    post-processing itself at 4096 sub-envs)."""
+    flat = flags.reshape(-1).astype(jnp.bool_)  # bool: no 4-byte copy of all N flags
+    num_items = flat.shape[0]
+    block = _block_size(num_items, ranks.shape[0])
+    num_blocks = -(-num_items // block)
+    if num_blocks * block != num_items:
+        flat = jnp.pad(flat, (0, num_blocks * block - num_items))
+    blocks = flat.reshape(num_blocks, block)
+    block_cum = jnp.cumsum(jnp.sum(blocks, axis=1, dtype=jnp.int32))  # (N / S,)
+    ranks = jnp.maximum(ranks, 1)
+    index = jnp.minimum(jnp.searchsorted(block_cum, ranks, side="left"), num_blocks - 1)
+    within = ranks - jnp.where(index > 0, block_cum[jnp.maximum(index - 1, 0)], 0)
+    in_block = jnp.cumsum(blocks[index].astype(jnp.int32), axis=1)  # (W, S)
+    offset = jnp.sum((in_block < within[:, None]).astype(jnp.int32), axis=1)
+    return jnp.minimum(index * block + offset, num_items - 1).astype(jnp.int32)
+
+
+def counted_through(done: jax.Array, num_counted: jax.Array) -> jax.Array:
+    """() int32 flat index (into `done`, row-major) of the last counted episode end, or -1
+    when `num_counted` is 0: the counted ends are the flags at indices `<=` it."""
+    last = rank_positions(done, num_counted[None])[0]
+    return jnp.where(num_counted > 0, last, -1)
+
+
 def episode_len_per_step(traj: Trajectory, start_episode_len: jax.Array) -> jax.Array:
     """(T, B) int32: length of each step's episode up to and including the step, derived
     from the end flags (done or failed) and the chunk-start lengths `(B,)`."""
     if traj.episode_len is not None:
         return traj.episode_len
+
+    def row(running, xs):
+        ended, valid = xs
+        length = running + 1
+        return jnp.where(valid & ended, 0, jnp.where(valid, length, running)), length
+
+    ended = traj.terminated | traj.truncated | traj.failed
+    _, lengths = jax.lax.scan(row, start_episode_len.astype(jnp.int32),
+                              (ended, traj.valid))
+    return lengths
+
+
+def _ended_lengths_slow(traj: Trajectory, start_episode_len: jax.Array, last_counted: jax.Array,
+                        steps_in_call: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Exact `(counted_len, discarded)` by one scan over the `T` rows (no `(T, B)`
+    temporaries): summed length of the counted episode ends (flat index `<= last_counted`)
+    and of the failed steps' episodes, each capped by `steps_in_call[t]`."""
     chunk_len, num_envs = traj.rewards.shape
-    ended = (traj.terminated | traj.truncated | traj.failed) & traj.valid[:, None]
-    steps = jnp.arange(chunk_len, dtype=jnp.int32)[:, None]
-    last_end = jax.lax.cummax(jnp.where(ended, steps, -1), axis=0)
-    prev_end = jnp.concatenate([jnp.full((1, num_envs), -1, jnp.int32), last_end[:-1]])
-    return steps - prev_end + jnp.where(prev_end < 0, start_episode_len[None, :], 0)
+    flat_row = jnp.arange(num_envs, dtype=jnp.int32)
+
+    def row(loop, xs):
+        running, counted_len, discarded = loop
+        t, terminated, truncated, failed, valid, cap = xs
+        length = running + 1
+        done = (terminated | truncated) & valid
+        failed = failed & valid
+        counted = done & (t * num_envs + flat_row <= last_counted)
+        counted_len = counted_len + jnp.sum(jnp.where(counted, length, 0))
+        discarded = discarded + jnp.sum(jnp.where(failed, jnp.minimum(length, cap), 0))
+        running = jnp.where(valid, jnp.where(done | failed, 0, length), running)
+        return (running, counted_len, discarded), None
+
+    zero = jnp.zeros((), jnp.int32)
+    (_, counted_len, discarded), _ = jax.lax.scan(
+        row, (start_episode_len.astype(jnp.int32), zero, zero),
+        (jnp.arange(chunk_len, dtype=jnp.int32), traj.terminated, traj.truncated,
+         traj.failed, traj.valid, steps_in_call))
+    return counted_len, discarded
 
 
 def _update_registers(registers: MetricRegisters, traj: Trajectory, start_step: jax.Array,
                       episodes_limit: jax.Array, *, start_episode_len: jax.Array | None = None,
                       start_episode_return: jax.Array | None = None,
-                      ) -> tuple[MetricRegisters, jax.Array, jax.Array]:
+                      end_episode_len: jax.Array | None = None,
+                      steps_in_call: jax.Array | None = None,
+                      ) -> tuple[MetricRegisters, jax.Array, jax.Array, jax.Array]:
     """Writes the episodes finished in `traj` (in (t, b) order, at most
     `episodes_limit`) into the ring; returns the new registers, the number of episodes
-    written and their summed lengths.
+    written, their summed lengths and the summed lengths of the failed steps' episodes
+    (each capped by `steps_in_call[t]`, `(T,)`; 0 without it).
 
     Only the last `W` counted episodes can survive in the ring, so they are located with
-    a cumulative count and `W` binary searches, and only `W` slots are written. Their
-    lengths and returns come from `traj.episode_len` / `traj.episode_return` when the
-    trajectory records them per step, else from the rewards and the chunk-start counters
-    (`start_episode_len`, `start_episode_return`, `(B,)`).
+    `rank_positions` (no scan over all `T * B` flags) and only `W` slots are written.
+    Their lengths and returns come from `traj.episode_len` / `traj.episode_return` when
+    the trajectory records them per step, else from the rewards and the chunk-start
+    counters (`start_episode_len`, `start_episode_return`, `(B,)`). The summed length of
+    the counted episodes then comes from the chunk-end counters `end_episode_len` (`(B,)`;
+    each sub-env's ended episodes hold `start + steps - end` steps) unless a sub-env
+    failed or the limit cut the chunk's episodes, when one exact scan over the rows runs.
     """
     chunk_len, num_envs = traj.rewards.shape
     window = registers.window_return.shape[0]
-    done_2d = (traj.terminated | traj.truncated) & traj.valid[:, None]
-    done = done_2d.reshape(-1)
-    cumulative = jnp.cumsum(done.astype(jnp.int32))  # (T*B,) episodes finished so far
-    num_new = jnp.minimum(cumulative[-1], episodes_limit)
+    valid = traj.valid[:, None]
+    done = (traj.terminated | traj.truncated) & valid  # (T, B)
+    total = jnp.sum(done.astype(jnp.int32))
+    num_new = jnp.minimum(total, episodes_limit)
     # 1-based rank (among this chunk's counted episodes) of each ring write, oldest first.
     rank = num_new - window + 1 + jnp.arange(window, dtype=jnp.int32)
     written = rank >= 1
-    position = jnp.searchsorted(cumulative, jnp.maximum(rank, 1), side="left")
-    position = jnp.minimum(position, chunk_len * num_envs - 1)
+    # One search for the W ring ranks and the last counted episode's rank.
+    found = rank_positions(done, jnp.concatenate([rank, num_new[None]]))
+    position = found[:window]
+    last_counted = jnp.where(num_new > 0, found[window], -1)
     slot = jnp.where(written, (registers.window_next + rank - 1) % window, window)
     end_step = start_step + (position // num_envs).astype(jnp.uint32) + jnp.uint32(1)
-    counted = done & (cumulative <= episodes_limit)
+    zero = jnp.zeros((), jnp.int32)
     if traj.episode_return is not None:
         lengths = traj.episode_len.reshape(-1)[position]
         returns = traj.episode_return.reshape(-1)[position]
-        counted_len = jnp.sum(jnp.where(counted, traj.episode_len.reshape(-1), 0))
+        flat_index = jnp.arange(chunk_len * num_envs, dtype=jnp.int32).reshape(chunk_len,
+                                                                               num_envs)
+        counted = done & (flat_index <= last_counted)
+        counted_len = jnp.sum(jnp.where(counted, traj.episode_len, 0))
+        failed = getattr(traj, "failed", None)
+        discarded = zero if steps_in_call is None or failed is None else jnp.sum(jnp.where(
+            failed & valid, jnp.minimum(traj.episode_len, steps_in_call[:, None]), 0))
     else:
         lengths, returns = _episode_stats_at(traj, position, start_episode_len,
                                              start_episode_return)
-        length_at = episode_len_per_step(traj, start_episode_len)
-        counted_len = jnp.sum(jnp.where(counted.reshape(chunk_len, num_envs), length_at, 0))
+        steps_taken = jnp.sum(traj.valid.astype(jnp.int32))
+        if steps_in_call is None:
+            steps_in_call = jnp.full((chunk_len,), 2**31 - 1, jnp.int32)
+
+        def identity(_):
+            return jnp.sum(start_episode_len + steps_taken - end_episode_len), zero
+
+        exact = jnp.any(traj.failed & valid) | (total > num_new)
+        counted_len, discarded = jax.lax.cond(
+            exact, lambda _: _ended_lengths_slow(traj, start_episode_len, last_counted,
+                                                 steps_in_call),
+            identity, None)
     new = registers.replace(
         window_return=registers.window_return.at[slot].set(returns, mode="drop"),
         window_len=registers.window_len.at[slot].set(lengths, mode="drop"),
@@ -206,7 +301,7 @@ def _update_registers(registers: MetricRegisters, traj: Trajectory, start_step: 
         window_size=jnp.minimum(registers.window_size + num_new, window),
         episodes=registers.episodes + num_new.astype(jnp.uint32),
     )
-    return new, num_new, counted_len
+    return new, num_new, counted_len, discarded
 
 
 def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
@@ -495,9 +590,11 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
         (carry, _), traj = jax.lax.scan(body, (carry, jnp.zeros((), jnp.int32)),
                                         jnp.arange(spec.chunk_len, dtype=jnp.int32))
         steps_taken = jnp.sum(traj.valid.astype(jnp.int32))
-        metrics, num_counted, counted_len = _update_registers(
+        steps_in_call = call_step_offset + 1 + jnp.arange(spec.chunk_len, dtype=jnp.int32)
+        metrics, num_counted, counted_len, discarded = _update_registers(
             carry.metrics, traj, start.vector_step, episodes_limit,
-            start_episode_len=start.episode_len, start_episode_return=start.episode_return)
+            start_episode_len=start.episode_len, start_episode_return=start.episode_return,
+            end_episode_len=carry.episode_len, steps_in_call=steps_in_call)
         carry = carry.replace(metrics=metrics)
         roll = lambda old, new: _roll_lookback(old, new, steps_taken)  # noqa: E731
         lookback = Lookback(
@@ -508,10 +605,6 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
                                              traj.extra_model_outputs),
         )
         failed = traj.failed & traj.valid[:, None]
-        steps_in_call = (call_step_offset + 1
-                         + jnp.arange(spec.chunk_len, dtype=jnp.int32))[:, None]
-        length_at = episode_len_per_step(traj, start.episode_len)
-        discarded = jnp.sum(jnp.where(failed, jnp.minimum(length_at, steps_in_call), 0))
         any_failed = jnp.any(failed)
         first = jnp.argmax(failed.reshape(-1))
         info = ChunkInfo(num_steps=steps_taken, num_episodes=num_counted,
