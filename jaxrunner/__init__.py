@@ -13,6 +13,7 @@ Quickstart::
     print(runner.get_metrics()["episode_return_mean"])
 """
 
+from jaxrunner.compilation_cache import enable_compilation_cache as enable_compilation_cache
 from jaxrunner.config import RunnerConfig as RunnerConfig
 from jaxrunner.distributed.env_runner_group import EnvRunnerGroup as EnvRunnerGroup
 from jaxrunner.envs.context import EnvContext as EnvContext
@@ -51,6 +52,7 @@ __all__ = [
     "SingleAgentEpisode",
     "StateStructureError",
     "StepFailedRecreateEnvError",
+    "enable_compilation_cache",
     "register_env",
     "runner_class_for",
 ]

@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--no-explore", action="store_true", help="take greedy actions")
     sample.add_argument("--json", action="store_true",
                         help="print the final metrics as JSON (no progress bar)")
+    sample.add_argument("--compile-cache", metavar="DIR", nargs="?", const="",
+                        default=None,
+                        help="keep compiled programs in DIR (default ~/.cache/jaxrunner/xla) "
+                             "so the next run starts without compiling")
 
     sub.add_parser("envs", help="list every env id jaxrunner can run, with its spaces")
 
@@ -127,6 +131,8 @@ def _make_sampler(args: argparse.Namespace):
     """A `SingleAgentEnvRunner`, or an `EnvRunnerGroup` with `--runners` remote runners."""
     import jaxrunner
 
+    if args.compile_cache is not None:
+        jaxrunner.enable_compilation_cache(args.compile_cache or None)
     config = (jaxrunner.RunnerConfig()
               .environment(args.env)
               .env_runners(num_envs_per_env_runner=args.num_envs,

@@ -28,7 +28,7 @@ import optax
 from flax import struct
 
 from jaxrunner.core.carry import Trajectory
-from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModule, RLModuleSpec
+from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModule, RLModuleSpec, init_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +169,7 @@ class PPOLearner:
         """A fresh `LearnerState` (pure: `jax.vmap` it over keys for a population)."""
         params_key, shuffle_key = jax.random.split(key)
         if params is None:
-            params = self.module.init(params_key)
+            params = init_params(self.module, params_key)
         return LearnerState(params=params, opt_state=self.optimizer.init(params),
                             key=shuffle_key)
 

@@ -101,6 +101,19 @@ class RLModule(abc.ABC):
         return int(self.action_dist_cls.required_input_dim(self.action_space))
 
 
+def init_params(module: Any, key: jax.Array) -> Any:
+    """`module.init(key)` compiled as one program.
+
+    Run eagerly, every op of an initialiser (an orthogonal init's QR, each layer's
+    matmul) compiles on its own: seconds for a small MLP on CPU, paid at every runner
+    build. Modules whose `init` needs concrete values (Python control flow on arrays)
+    are initialised eagerly instead."""
+    try:
+        return jax.jit(module.init)(key)
+    except jax.errors.JAXTypeError:
+        return module.init(key)
+
+
 def preprocess_observations(obs: jax.Array, space: gym.spaces.Space) -> jax.Array:
     """(B, *obs_shape) -> (B, F) float32: one-hot for Discrete, flatten for Box."""
     if isinstance(space, gym.spaces.Discrete):

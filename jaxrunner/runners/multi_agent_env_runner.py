@@ -34,7 +34,7 @@ from jaxrunner.episodes.multi_agent_episode import MultiAgentEpisodeBatch
 from jaxrunner.errors import SampleArgumentError, StateStructureError
 from jaxrunner.metrics.multi_agent import MultiAgentRunnerMetrics
 from jaxrunner.modules.multi_rl_module import MultiRLModule
-from jaxrunner.modules.rl_module import RLModuleSpec
+from jaxrunner.modules.rl_module import RLModuleSpec, init_params
 from jaxrunner.runners.env_runner import EnvRunner
 from jaxrunner.runners.single_agent_env_runner import (_ALL_COMPONENTS, _DEFAULT_COMPONENTS,
                                                        _STATE_KEYS, COMPONENT_CARRY,
@@ -261,7 +261,7 @@ class MultiAgentEnvRunner(EnvRunner):
                 model_config={**cfg.model_config_with_defaults, **(spec.model_config or {})},
                 inference_only=True).build()
         module = MultiRLModule(modules, policies_to_train=cfg.policies_to_train)
-        params = module.init(jax.random.fold_in(self._base_key, 1))
+        params = init_params(module, jax.random.fold_in(self._base_key, 1))
         if mapping is not None:
             self._check_modules_fit(module, params, mapping)
         self.module = module

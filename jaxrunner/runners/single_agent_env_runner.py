@@ -33,7 +33,7 @@ from jaxrunner.envs.spaces import action_dtype, batched_space, to_gymnasium
 from jaxrunner.episodes.batch import EpisodeBatch
 from jaxrunner.errors import SampleArgumentError, StateStructureError
 from jaxrunner.metrics.logger import RunnerMetrics
-from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModuleSpec
+from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModuleSpec, init_params
 from jaxrunner.runners.env_runner import EnvRunner
 from jaxrunner.runners.sharding import make_env_mesh, replicate, shard_carry
 
@@ -287,7 +287,7 @@ class SingleAgentEnvRunner(EnvRunner):
             inference_only=True,
         )
         module = spec.build()
-        params = module.init(jax.random.fold_in(self._base_key, 1))
+        params = init_params(module, jax.random.fold_in(self._base_key, 1))
         self._check_module_fits(module, params, obs_space, act_space)
         self.module = module
         self._params = jax.device_put(params)
