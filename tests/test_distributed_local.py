@@ -186,6 +186,29 @@ def test_actor_options__jax_platform_memory_flags_and_restarts():
     assert off["max_restarts"] == 0
 
 
+def test_actor_options__pass_on_the_drivers_compilation_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    assert "JAX_COMPILATION_CACHE_DIR" not in actor_options(small_config())[
+        "runtime_env"]["env_vars"]
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    env_vars = actor_options(small_config())["runtime_env"]["env_vars"]
+    assert env_vars["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path)
+    assert env_vars["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0.5"
+
+
+def test_group__gymnasium_ids_are_accepted_and_checked():
+    with pytest.raises(ValueError, match="Unknown gymnasium env id 'CartPol-v1'"):
+        EnvRunnerGroup(config=small_config().environment("gymnasium:CartPol-v1"))
+    group = EnvRunnerGroup(config=small_config().environment("gymnasium:CartPole-v1"))
+    try:
+        batch = group.sample(num_timesteps=20)[0]
+        assert batch.env_steps >= 20
+        assert group.get_metrics()["num_env_steps_sampled"] == batch.env_steps
+    finally:
+        group.stop()
+
+
 class _FakeActor:
     def __init__(self):
         self.exit_requests = []

@@ -45,6 +45,7 @@ from jaxrunner.distributed.remote_runner import (
 )
 from jaxrunner.envs import registry
 from jaxrunner.envs.context import EnvContext
+from jaxrunner.envs.gymnasium_env import GYMNASIUM_PREFIX, _gymnasium_id_source
 from jaxrunner.metrics import keys
 from jaxrunner.runners.env_runner import EnvRunner
 
@@ -91,7 +92,10 @@ def _check_env_name(config: RunnerConfig) -> None:
         raise ValueError(
             "No env is configured: call config.environment(env=...) with a gymnax id (e.g. "
             "'CartPole-v1'), a name given to jaxrunner.register_env, or a creator.")
-    if (isinstance(env, str) and env not in registry.registered_env_names()
+    if isinstance(env, str) and env.startswith(GYMNASIUM_PREFIX):
+        # A host (gymnasium) env: the id must be registered (the source raises if not).
+        _gymnasium_id_source(env[len(GYMNASIUM_PREFIX):], EnvContext(config.env_config), 1)
+    elif (isinstance(env, str) and env not in registry.registered_env_names()
             and env not in registry.gymnax_env_ids(runnable_only=False)):
         registry.make_jax_env(env, EnvContext(config.env_config))  # raises the usual error
 
@@ -108,8 +112,8 @@ class EnvRunnerGroup:
         actor_options: extra Ray actor options for the remote runners, merged over the
             defaults (`num_cpus`, `num_gpus`, `max_restarts`, `scheduling_strategy="SPREAD"`,
             `runtime_env={"env_vars": {"JAX_PLATFORMS": ..., "XLA_PYTHON_CLIENT_PREALLOCATE":
-            "false"}}`); e.g. `{"runtime_env": {"env_vars": {"JAX_COMPILATION_CACHE_DIR":
-            path}}}` lets restarted runners load their compiled rollout from disk.
+            "false"}}`, plus the driver's `jaxrunner.enable_compilation_cache` directory,
+            which lets new and restarted runners load their compiled rollout from disk).
     """
 
     def __init__(self, *, config: RunnerConfig, ray_address: str | None = None,

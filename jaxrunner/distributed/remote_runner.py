@@ -41,11 +41,17 @@ class RunnerNotRestoredError(RuntimeError):
 def jax_env_vars(num_gpus: float) -> dict[str, str]:
     """Environment a runner process needs before JAX is imported: no memory
     preallocation (several runners may share an accelerator) and the platform (CUDA when
-    the runner was given a GPU, else CPU)."""
-    return {
+    the runner was given a GPU, else CPU). A compilation cache turned on in the driver
+    (`jaxrunner.enable_compilation_cache`) is passed on, so restarted or new runners load
+    their compiled rollout instead of compiling it."""
+    env = {
         "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
         "JAX_PLATFORMS": "cuda" if num_gpus > 0 else "cpu",
     }
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    return env
 
 
 def actor_options(config: RunnerConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
