@@ -232,6 +232,83 @@ def compile_times(env_ids=None, num_envs: int = 64) -> dict[str, float]:
     return out
 
 
+_STARTUP_SCRIPT = """
+import json, sys, time
+start = time.perf_counter()
+import jaxrunner
+imported = time.perf_counter()
+if sys.argv[2]:
+    jaxrunner.enable_compilation_cache(sys.argv[2])
+config = (jaxrunner.RunnerConfig().environment(sys.argv[1])
+          .env_runners(num_envs_per_env_runner=64, rollout_fragment_length=128)
+          .rl_module(model_config={"fcnet_hiddens": [64, 64]}).debugging(seed=0))
+built = time.perf_counter()
+runner = jaxrunner.SingleAgentEnvRunner(config=config)
+constructed = time.perf_counter()
+runner.sample()
+sampled = time.perf_counter()
+print(json.dumps({"import_s": imported - start, "construct_s": constructed - built,
+                  "first_sample_s": sampled - constructed,
+                  "construct_and_first_sample_s": sampled - built}))
+"""
+
+
+def startup_times(env_id: str = "CartPole-v1") -> dict[str, Any]:
+    """Fresh processes: runner construction and first `sample()` (64 envs, 64x64 MLP), cold
+    and with `enable_compilation_cache` after a process filled the cache."""
+    import subprocess
+    import sys
+    import tempfile
+
+    def run(cache_dir: str) -> dict[str, float]:
+        proc = subprocess.run([sys.executable, "-c", _STARTUP_SCRIPT, env_id, cache_dir],
+                              capture_output=True, text=True, check=True)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    with tempfile.TemporaryDirectory() as cache_dir:
+        cold = run("")
+        run(cache_dir)  # fills the cache
+        warm = run(cache_dir)
+    return {"env": env_id, "num_envs": 64, "cold": cold, "warm_compilation_cache": warm}
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets next to what this run measured."""
+    cases = results["cases"]
+    mlp_big = [c["ratio_to_bare_scan"]["jaxrunner"] for c in cases
+               if c["env"] == "CartPole-v1" and c["policy"] != "random" and c["num_envs"] >= 1024]
+    partial = [c["ratio_to_bare_scan"]["jaxrunner_partial_reset"] for c in cases
+               if c["env"] == "CartPole-v1" and c["policy"] == "random" and c["num_envs"] >= 1024]
+    best = lambda name, policy: max(  # noqa: E731
+        (c["steps_per_s"][name] for c in cases
+         if c["env"] == "CartPole-v1" and c["policy"] == policy and name in c["steps_per_s"]),
+        default=None)
+    out: dict[str, Any] = {
+        "cartpole_mlp_ratio_to_bare_at_1024_plus_envs": {
+            "min": min(mlp_big, default=None), "values": mlp_big, "target": ">= 0.95"},
+        "cartpole_random_partial_reset_ratio_to_bare_at_1024_plus_envs": {
+            "min": min(partial, default=None), "values": partial, "target": ">= 1.5"},
+        "memory_ratio_to_raw_trajectory": {"value": results["memory"]["ratio"],
+                                           "target": "<= 1.3"},
+        "host_rss_growth_mb_over_calls": {"value": results["host_rss"]["growth_mb"],
+                                          "calls": results["host_rss"]["calls"]},
+        "cartpole_first_sample_s": {
+            "cold": results["startup"]["cold"]["first_sample_s"],
+            "cold_construct_and_first_sample": results["startup"]["cold"][
+                "construct_and_first_sample_s"],
+            "warm_compilation_cache": results["startup"]["warm_compilation_cache"][
+                "first_sample_s"],
+            "target": "<= 3 s"},
+    }
+    for policy in ("mlp64x64 explore", "random"):
+        ours, rllib = best("jaxrunner", policy), best("rllib_env_runner", policy)
+        if ours and rllib:
+            out[f"cartpole_{policy.split()[0]}_best_jaxrunner_over_best_rllib"] = {
+                "value": ours / rllib, "jaxrunner_best_steps_per_s": ours,
+                "rllib_best_steps_per_s": rllib, "target": ">= 250"}
+    return out
+
+
 def plot(cases: list[dict[str, Any]], path: str) -> None:
     import matplotlib
 
@@ -267,7 +344,7 @@ def main(argv=None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     sizes = [1, 128, 1024, 4096] if args.quick else [1, 16, 128, 1024, 4096, 16384]
-    rounds = 3 if args.quick else 5
+    rounds = 3 if args.quick else 9
     with_rllib = not args.no_rllib and _rllib_available()
     results: dict[str, Any] = {"machine": machine_info(), "cases": []}
     log = lambda msg: print(msg, flush=True)  # noqa: E731
@@ -283,10 +360,16 @@ def main(argv=None) -> dict[str, Any]:
     results["host_rss"] = host_rss_over_calls(200 if args.quick else 1000)
     log(f"host RSS growth over {results['host_rss']['calls']} calls: "
         f"{results['host_rss']['growth_mb']:.1f} MB")
+    results["startup"] = startup_times("CartPole-v1")
+    log(f"CartPole startup: cold first sample() {results['startup']['cold']['first_sample_s']:.2f}s"
+        f" (construct + first sample {results['startup']['cold']['construct_and_first_sample_s']:.2f}s),"
+        f" with the compilation cache {results['startup']['warm_compilation_cache']['first_sample_s']:.2f}s")
     results["first_sample_s"] = compile_times(
         ["CartPole-v1", "Breakout-MinAtar", "Pendulum-v1"] if args.quick else None)
     log("first sample() (compile included): " + ", ".join(
         f"{k} {v:.2f}s" for k, v in results["first_sample_s"].items()))
+    results["summary"] = summarize(results)
+    log(json.dumps(results["summary"], indent=1))
     with open(args.output, "w") as f:
         json.dump(results, f, indent=1)
     plot(results["cases"], os.path.splitext(args.output)[0] + ".png")
