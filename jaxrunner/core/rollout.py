@@ -4,9 +4,9 @@ Everything here is pure JAX: no Ray, no host I/O, no Python randomness. The runn
 `chunk` once per policy mode and calls it with traced step and episode limits, so any
 `sample()` size reuses the same compiled program.
 
-One chunk runs `T = chunk_len` vector steps. A step whose index is past `num_steps`, or
-that comes after `episodes_limit` episodes finished, is skipped with a scalar `lax.cond`
-(no env or module work) and marked invalid in `Trajectory.valid`. Finished episodes'
+One chunk runs up to `T = chunk_len` vector steps in a `while_loop` (`scan_while`): it
+stops after `num_steps` steps or once `episodes_limit` episodes finished; the steps not
+taken hold zeros and are marked invalid in `Trajectory.valid`. Finished episodes'
 returns and lengths go into the metric ring after the scan, from the done flags, so the
 scan body stays lean.
 """
@@ -44,6 +44,33 @@ def _all_finite(tree: Any) -> jax.Array:
         ok = leaf_ok if ok is None else ok & leaf_ok
     return ok
 NO_EPISODE_LIMIT = np.int32(2**31 - 1)
+
+
+def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
+               keep_going: Callable[[jax.Array, Any], jax.Array]) -> tuple:
+    """A `lax.scan` of `step: state -> (state, record)` over at most `length` steps that
+    stops before the first step where `keep_going(t, state)` is False.
+
+    A `while_loop` writing each record into preallocated `(length, ...)` buffers: no
+    per-step `cond` (whose branch copies and extra kernels cost more than the step itself
+    for small batches) and no work for the steps not taken, whose records stay zeros.
+    `record_shape` is the record pytree of `jax.ShapeDtypeStruct`s. Returns
+    `(steps_taken, state, records)`."""
+    buffers = jax.tree.map(lambda s: jnp.zeros((length,) + tuple(s.shape), s.dtype),
+                           record_shape)
+
+    def cond(loop):
+        t, state, _ = loop
+        return (t < length) & keep_going(t, state)
+
+    def body(loop):
+        t, state, out = loop
+        state, record = step(state)
+        out = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, t, 0),
+                           out, record)
+        return t + 1, state, out
+
+    return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, buffers))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -574,22 +601,20 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
         start = carry
         _, record_shape = jax.eval_shape(vector_step, carry, params, env_params)
 
-        def skip(c):
-            return c, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), record_shape)
-
-        def body(loop, t):
+        def step(loop):
             c, episodes_done = loop
-            active = (t < num_steps) & (episodes_done < episodes_limit)
-            c, record = jax.lax.cond(active, lambda c: vector_step(c, params, env_params),
-                                     skip, c)
-            record = record.replace(valid=active)
-            done = (record.terminated | record.truncated)
-            episodes_done = episodes_done + jnp.sum(done.astype(jnp.int32))
-            return (c, episodes_done), record
+            c, record = vector_step(c, params, env_params)
+            done = record.terminated | record.truncated
+            return (c, episodes_done + jnp.sum(done.astype(jnp.int32))), record.replace(
+                valid=None)
 
-        (carry, _), traj = jax.lax.scan(body, (carry, jnp.zeros((), jnp.int32)),
-                                        jnp.arange(spec.chunk_len, dtype=jnp.int32))
-        steps_taken = jnp.sum(traj.valid.astype(jnp.int32))
+        def keep_going(t, loop):
+            return (t < num_steps) & (loop[1] < episodes_limit)
+
+        steps_taken, (carry, _), traj = scan_while(
+            step, (carry, jnp.zeros((), jnp.int32)), record_shape.replace(valid=None),
+            spec.chunk_len, keep_going)
+        traj = traj.replace(valid=jnp.arange(spec.chunk_len, dtype=jnp.int32) < steps_taken)
         steps_in_call = call_step_offset + 1 + jnp.arange(spec.chunk_len, dtype=jnp.int32)
         metrics, num_counted, counted_len, discarded = _update_registers(
             carry.metrics, traj, start.vector_step, episodes_limit,
