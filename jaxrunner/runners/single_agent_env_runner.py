@@ -476,9 +476,12 @@ class SingleAgentEnvRunner(EnvRunner):
                     self._run_chunk(fns, steps, NO_EPISODE_LIMIT, vector_steps, chunks, infos)
                     vector_steps += steps
                     planned -= steps
-                # One small transfer per round: failures and discarded steps.
-                host_infos = jax.device_get(infos[first_new:])
-                discarded += self._book_failures(host_infos, call_offset)
+                # One scalar transfer per round; the rest of the chunk infos only when a
+                # sub-env failed.
+                if any(int(n) for n in jax.device_get(
+                        [info.num_failures for info in infos[first_new:]])):
+                    discarded += self._book_failures(jax.device_get(infos[first_new:]),
+                                                     call_offset)
                 returned = vector_steps * self.num_envs - discarded
                 if restart and returned < num_timesteps:
                     # Failed episodes were discarded: top up to the promised size.
