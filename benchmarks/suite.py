@@ -118,17 +118,23 @@ def throughput_sweep(env_id: str, num_envs_list, random_actions: bool, rounds: i
         sides["bare_scan"] = make_bare_scan(env_id, num_envs, num_steps, HIDDENS,
                                             random_actions)
         steps_per_call = {name: num_envs * num_steps for name in sides}
-        if with_gymnasium and num_envs <= 1024:
-            host_steps = max(4, min(num_steps, 20_000 // num_envs))
-            sides["gymnasium_vector"] = make_gymnasium_loop(env_id, num_envs, host_steps,
-                                                            random_actions)
-            steps_per_call["gymnasium_vector"] = num_envs * host_steps
-        if with_rllib and num_envs <= 1024:
-            host_steps = max(4, min(num_steps, 20_000 // num_envs))
-            sides["rllib_env_runner"] = make_rllib_runner(num_envs, host_steps,
-                                                          random_actions)
-            steps_per_call["rllib_env_runner"] = num_envs * host_steps
         result = _compare_mixed(sides, steps_per_call, rounds)
+        # Host peers are measured apart: torch's and numpy's thread pools keep spinning
+        # after a call and would slow whichever JAX side ran next.
+        host_sides, host_steps_per_call = {}, {}
+        host_steps = max(4, min(num_steps, 20_000 // num_envs))
+        if with_gymnasium and num_envs <= 1024:
+            host_sides["gymnasium_vector"] = make_gymnasium_loop(env_id, num_envs, host_steps,
+                                                                 random_actions)
+            host_steps_per_call["gymnasium_vector"] = num_envs * host_steps
+        if with_rllib and num_envs <= 1024:
+            host_sides["rllib_env_runner"] = make_rllib_runner(num_envs, host_steps,
+                                                               random_actions)
+            host_steps_per_call["rllib_env_runner"] = num_envs * host_steps
+        if host_sides:
+            result["steps_per_s"].update(
+                _compare_mixed(host_sides, host_steps_per_call, 3)["steps_per_s"])
+        del host_sides
         result.update({"env": env_id, "num_envs": num_envs,
                        "policy": "random" if random_actions else "mlp64x64 explore",
                        "first_sample_s": first_call})
@@ -142,11 +148,20 @@ def throughput_sweep(env_id: str, num_envs_list, random_actions: bool, rounds: i
 
 def _compare_mixed(sides, steps_per_call, rounds):
     timings = {name: [] for name in sides}
-    for _ in range(rounds):
-        for name, run in sides.items():
+    names = list(sides)
+    repeats = {}
+    for name, run in sides.items():  # enough calls per round for >= 50 ms of work
+        start = time.perf_counter()
+        run()
+        repeats[name] = max(1, int(0.05 / max(time.perf_counter() - start, 1e-6)) + 1)
+    for round_index in range(rounds):
+        # Alternate the order each round so no side always runs after the same one.
+        for name in (names if round_index % 2 == 0 else names[::-1]):
+            run = sides[name]
             start = time.perf_counter()
-            run()
-            timings[name].append(time.perf_counter() - start)
+            for _ in range(repeats[name]):
+                run()
+            timings[name].append((time.perf_counter() - start) / repeats[name])
     best = {name: steps_per_call[name] / min(t) for name, t in timings.items()}
     out = {"steps_per_s": best}
     if "bare_scan" in timings:
