@@ -168,6 +168,8 @@ def test_sample_contract__zero_timesteps_returns_empty_batch(runner):
     before = runner.sample(num_timesteps=NUM_ENVS)
     empty = runner.sample(num_timesteps=0)
     assert len(empty) == 0 and list(empty) == [] and empty.env_steps == 0
+    with pytest.raises(ValueError, match="holds no steps"):
+        empty.trajectory()
     after = assert_sampling_works(runner, before)  # the cut episodes are still there
     assert len(empty) == 0  # still readable after the runner moved on
     empty = runner.sample(num_episodes=0)

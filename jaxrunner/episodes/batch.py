@@ -63,6 +63,11 @@ class EpisodeBatch(Sequence):
 
         With a single chunk (the default `sample()`), the chunk itself: no copy, no compile.
         """
+        if not self.chunks:
+            raise ValueError(
+                "This batch holds no steps (no vector step was taken in its sample() "
+                "call), so it has no trajectory; check batch.env_steps before calling "
+                "trajectory().")
         if len(self.chunks) == 1:
             return self.chunks[0]
         return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *self.chunks)
