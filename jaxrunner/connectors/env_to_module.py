@@ -200,15 +200,17 @@ class FrameStacking(ConnectorV2):
         return gym.spaces.Box(low, high, dtype=space.dtype)
 
     def init_state(self, num_envs):
-        return jnp.zeros((num_envs, self.num_frames) + self.frame_shape, self.dtype)
+        # The state is the last stack itself, `(B, ..., num_frames * last)`: one slice and
+        # one concatenation per step, and the output needs no extra copy.
+        stacked_shape = self.frame_shape[:-1] + (self.num_frames * self.frame_shape[-1],)
+        return jnp.zeros((num_envs,) + stacked_shape, self.dtype)
 
-    def __call__(self, frames, obs, ctx):
+    def __call__(self, stacked, obs, ctx):
         obs = jnp.asarray(obs, self.dtype)
-        keep = (~ctx.is_first).reshape((-1,) + (1,) * (frames.ndim - 1))
-        frames = jnp.concatenate([frames[:, 1:] * keep.astype(frames.dtype), obs[:, None]],
-                                 axis=1)
-        stacked = jnp.concatenate([frames[:, i] for i in range(self.num_frames)], axis=-1)
-        return frames, stacked
+        keep = (~ctx.is_first).reshape((-1,) + (1,) * (stacked.ndim - 1))
+        older = stacked[..., self.frame_shape[-1]:] * keep.astype(stacked.dtype)
+        stacked = jnp.concatenate([older, obs], axis=-1)
+        return stacked, stacked
 
     def stack_episode(self, episode) -> np.ndarray:
         """Module inputs `(len(episode) + 1, ...)` for each observation of a host chunk."""
