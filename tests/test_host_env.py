@@ -308,7 +308,7 @@ def test_numpy_register_update_equals_the_compiled_one():
                           truncated=truncated, final_obs=None, extra_model_outputs=None,
                           episode_return=returns, episode_len=lengths,
                           failed=np.zeros_like(done), valid=valid)
-        on_device, num_device, len_device, _ = update(on_device, traj, np.uint32(step % 2**32),
+        on_device, num_device, len_device, _, _ = update(on_device, traj, np.uint32(step % 2**32),
                                                    np.int32(limit))
         on_host, num_host, len_host = update_registers_np(
             on_host, terminated=terminated, truncated=truncated, valid=valid,

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrunner.core.carry import MetricRegisters, Trajectory
-from jaxrunner.core.rollout import (NO_EPISODE_LIMIT, _update_registers, counted_through,
-                                   rank_positions)
+from jaxrunner.core.rollout import NO_EPISODE_LIMIT, _update_registers, rank_positions
 
 
 @pytest.mark.parametrize("shape,density", [((1,), 1.0), ((7,), 0.5), ((128, 64), 0.03),
@@ -26,9 +25,8 @@ def test_rank_positions_equal_a_python_scan(shape, density):
     ranks = np.arange(1, true_at.size + 1, dtype=np.int32)
     found = jax.jit(rank_positions)(flat.reshape(shape), ranks)
     np.testing.assert_array_equal(np.asarray(found), true_at)
-    last = jax.jit(counted_through)(flat.reshape(shape), np.int32(true_at.size))
-    assert int(last) == true_at[-1]
-    assert int(jax.jit(counted_through)(flat.reshape(shape), np.int32(0))) == -1
+    last = jax.jit(rank_positions)(flat.reshape(shape), np.int32([true_at.size]))
+    assert int(last[0]) == true_at[-1]
 
 
 def _python_ring(terminated, truncated, failed, valid, rewards, start_len, start_ret,
@@ -48,10 +46,11 @@ def _python_ring(terminated, truncated, failed, valid, rewards, start_len, start
                 length[b], ret[b] = 0, 0.0
             elif terminated[t, b] or truncated[t, b]:
                 if len(episodes) < limit:
-                    episodes.append((ret[b], length[b], start_step + t + 1))
+                    episodes.append((ret[b], length[b], start_step + t + 1, t * num_envs + b))
                     counted_len += length[b]
                 length[b], ret[b] = 0, 0.0
-    return episodes[-window:], len(episodes), counted_len, discarded, length
+    last_counted = episodes[-1][3] if episodes else -1
+    return episodes[-window:], len(episodes), counted_len, discarded, length, last_counted
 
 
 @pytest.mark.parametrize("case", range(12))
@@ -69,7 +68,7 @@ def test_update_registers_equals_a_python_loop(case):
     start_ret = rng.normal(size=num_envs).astype(np.float32)
     limit = [NO_EPISODE_LIMIT, 0, 1, 3, int(done.sum() // 2) + 1][case % 5]
     steps_in_call = (rng.integers(0, 10) + 1 + np.arange(chunk_len)).astype(np.int32)
-    expected, num, counted_len, discarded, end_len = _python_ring(
+    expected, num, counted_len, discarded, end_len, last_counted = _python_ring(
         terminated, truncated, failed, valid, rewards, start_len, start_ret, 7, limit,
         window, steps_in_call)
     traj = Trajectory(obs=None, actions=None, rewards=rewards, terminated=terminated,
@@ -82,10 +81,11 @@ def test_update_registers_equals_a_python_loop(case):
                                  start_episode_len=start_len, start_episode_return=start_ret,
                                  end_episode_len=end_len, steps_in_call=steps_in_call)
 
-    new, got_num, got_len, got_discarded = jax.jit(update)(
+    new, got_num, got_len, got_discarded, got_last = jax.jit(update)(
         registers, traj, np.int32(limit), start_len, start_ret, end_len.astype(np.int32),
         steps_in_call)
     assert (int(got_num), int(got_len), int(got_discarded)) == (num, counted_len, discarded)
+    assert int(got_last) == last_counted
     size = int(new.window_size)
     assert size == len(expected)
     order = (int(new.window_next) - size + np.arange(size)) % window

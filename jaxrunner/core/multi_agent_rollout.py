@@ -38,7 +38,7 @@ from flax import struct
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.mapping import AgentMapping
 from jaxrunner.core.rollout import (NO_EPISODE_LIMIT, POLICY_MODES, _uniform_logp,
-                                   _update_registers, counted_through)
+                                   _update_registers)
 from jaxrunner.envs.multi_agent import ALL
 
 
@@ -221,8 +221,7 @@ def _ring(registers: MetricRegisters, done: jax.Array, ret: jax.Array, length: j
     ring_input = _RingInput(rewards=ret, terminated=done, truncated=jnp.zeros_like(done),
                             valid=jnp.ones(done.shape[:1], jnp.bool_), episode_return=ret,
                             episode_len=length)
-    new, _, _, _ = _update_registers(registers, ring_input, start_step, NO_EPISODE_LIMIT)
-    return new
+    return _update_registers(registers, ring_input, start_step, NO_EPISODE_LIMIT).registers
 
 
 def _stack_registers(window: int, count: int) -> MetricRegisters:
@@ -524,18 +523,16 @@ def make_multi_agent_rollout_fns(spec: MultiAgentRolloutSpec, mode: str
         chunk_len = traj.episode_len.shape[0]
         valid = traj.valid[:, None]
         episode_done = (traj.all_terminated | traj.all_truncated) & valid  # (T, B)
-        num_done = jnp.sum(episode_done.astype(jnp.int32))
-        last_counted = counted_through(episode_done, jnp.minimum(num_done, episodes_limit))
-        flat_index = jnp.arange(chunk_len * num_envs, dtype=jnp.int32).reshape(chunk_len,
-                                                                               num_envs)
-        counted = episode_done & (flat_index <= last_counted)
         episode_return = jnp.sum(traj.agent_return, axis=-1)
-        metrics, num_counted, counted_len, _ = _update_registers(
+        metrics, num_counted, counted_len, _, last_counted = _update_registers(
             carry.metrics,
             _RingInput(rewards=episode_return, terminated=episode_done,
                        truncated=jnp.zeros_like(episode_done), valid=traj.valid,
                        episode_return=episode_return, episode_len=traj.episode_len),
             start_step, episodes_limit)
+        flat_index = jnp.arange(chunk_len * num_envs, dtype=jnp.int32).reshape(chunk_len,
+                                                                               num_envs)
+        counted = episode_done & (flat_index <= last_counted)
         present = traj.agent_len > 0  # (T, B, A)
         to_agent_first = lambda x: jnp.moveaxis(x, -1, 0)  # noqa: E731
         agent_metrics = jax.vmap(_ring, in_axes=(0, 0, 0, 0, None))(

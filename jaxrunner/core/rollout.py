@@ -207,30 +207,6 @@ def rank_positions(flags: jax.Array, ranks: jax.Array) -> jax.Array:
     return jnp.minimum(index * block + offset, num_items - 1).astype(jnp.int32)
 
 
-def counted_through(done: jax.Array, num_counted: jax.Array) -> jax.Array:
-    """() int32 flat index (into `done`, row-major) of the last counted episode end, or -1
-    when `num_counted` is 0: the counted ends are the flags at indices `<=` it."""
-    last = rank_positions(done, num_counted[None])[0]
-    return jnp.where(num_counted > 0, last, -1)
-
-
-def episode_len_per_step(traj: Trajectory, start_episode_len: jax.Array) -> jax.Array:
-    """(T, B) int32: length of each step's episode up to and including the step, derived
-    from the end flags (done or failed) and the chunk-start lengths `(B,)`."""
-    if traj.episode_len is not None:
-        return traj.episode_len
-
-    def row(running, xs):
-        ended, valid = xs
-        length = running + 1
-        return jnp.where(valid & ended, 0, jnp.where(valid, length, running)), length
-
-    ended = traj.terminated | traj.truncated | traj.failed
-    _, lengths = jax.lax.scan(row, start_episode_len.astype(jnp.int32),
-                              (ended, traj.valid))
-    return lengths
-
-
 def _ended_lengths_slow(traj: Trajectory, start_episode_len: jax.Array, last_counted: jax.Array,
                         steps_in_call: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Exact `(counted_len, discarded)` by one scan over the `T` rows (no `(T, B)`
@@ -259,16 +235,27 @@ def _ended_lengths_slow(traj: Trajectory, start_episode_len: jax.Array, last_cou
     return counted_len, discarded
 
 
+class RingUpdate(NamedTuple):
+    """What `_update_registers` returns."""
+
+    registers: MetricRegisters
+    num_counted: jax.Array  # () int32: episodes written (at most the limit)
+    counted_len: jax.Array  # () int32: their summed lengths
+    discarded: jax.Array  # () int32: summed (capped) lengths of failed steps' episodes
+    last_counted: jax.Array  # () int32: flat (t, b) index of the last counted end, or -1
+
+
 def _update_registers(registers: MetricRegisters, traj: Trajectory, start_step: jax.Array,
                       episodes_limit: jax.Array, *, start_episode_len: jax.Array | None = None,
                       start_episode_return: jax.Array | None = None,
                       end_episode_len: jax.Array | None = None,
                       steps_in_call: jax.Array | None = None,
-                      ) -> tuple[MetricRegisters, jax.Array, jax.Array, jax.Array]:
+                      ) -> RingUpdate:
     """Writes the episodes finished in `traj` (in (t, b) order, at most
-    `episodes_limit`) into the ring; returns the new registers, the number of episodes
-    written, their summed lengths and the summed lengths of the failed steps' episodes
-    (each capped by `steps_in_call[t]`, `(T,)`; 0 without it).
+    `episodes_limit`) into the ring; returns a `RingUpdate`: the new registers, the
+    number of episodes written, their summed lengths, the summed lengths of the failed
+    steps' episodes (each capped by `steps_in_call[t]`, `(T,)`; 0 without it) and where
+    the counted episode ends stop (the ends at flat indices `<= last_counted` count).
 
     Only the last `W` counted episodes can survive in the ring, so they are located with
     `rank_positions` (no scan over all `T * B` flags) and only `W` slots are written.
@@ -328,7 +315,7 @@ def _update_registers(registers: MetricRegisters, traj: Trajectory, start_step: 
         window_size=jnp.minimum(registers.window_size + num_new, window),
         episodes=registers.episodes + num_new.astype(jnp.uint32),
     )
-    return new, num_new, counted_len, discarded
+    return RingUpdate(new, num_new, counted_len, discarded, last_counted)
 
 
 def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
@@ -616,7 +603,7 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> RolloutFns:
             spec.chunk_len, keep_going)
         traj = traj.replace(valid=jnp.arange(spec.chunk_len, dtype=jnp.int32) < steps_taken)
         steps_in_call = call_step_offset + 1 + jnp.arange(spec.chunk_len, dtype=jnp.int32)
-        metrics, num_counted, counted_len, discarded = _update_registers(
+        metrics, num_counted, counted_len, discarded, _ = _update_registers(
             carry.metrics, traj, start.vector_step, episodes_limit,
             start_episode_len=start.episode_len, start_episode_return=start.episode_return,
             end_episode_len=carry.episode_len, steps_in_call=steps_in_call)
