@@ -18,9 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxrunner.metrics import keys
-
-DEFAULT_AGENT_ID = "default_agent"
-DEFAULT_MODULE_ID = "default_policy"
+from jaxrunner.metrics.logger import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID, episode_window_metrics
 
 _SUMMED = (keys.NUM_ENV_STEPS_SAMPLED, keys.NUM_EPISODES, keys.NUM_ENV_STEPS_DISCARDED,
            keys.NUM_ENV_STEP_FAILURES)
@@ -55,23 +53,8 @@ def merge_windows(windows: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndar
 def aggregate(parts: Sequence[tuple[dict[str, Any], dict[str, np.ndarray]]],
               counters: GroupCounters) -> dict[str, Any]:
     """One metrics dict from `(metrics, window)` of each runner; updates `counters`."""
-    out: dict[str, Any] = {}
     metrics = [m for m, _ in parts]
-    window = merge_windows([w for _, w in parts])
-    returns, lengths = window["episode_return"], window["episode_len"]
-    if len(returns):
-        mean_return = float(returns.mean())
-        out.update({
-            keys.EPISODE_RETURN_MEAN: mean_return,
-            keys.EPISODE_RETURN_MIN: float(returns.min()),
-            keys.EPISODE_RETURN_MAX: float(returns.max()),
-            keys.EPISODE_LEN_MEAN: float(lengths.mean()),
-            keys.EPISODE_LEN_MIN: int(lengths.min()),
-            keys.EPISODE_LEN_MAX: int(lengths.max()),
-            keys.EPISODE_DURATION_SEC_MEAN: float(window["episode_duration_sec"].mean()),
-            keys.AGENT_EPISODE_RETURN_MEAN: {DEFAULT_AGENT_ID: mean_return},
-            keys.MODULE_EPISODE_RETURN_MEAN: {DEFAULT_MODULE_ID: mean_return},
-        })
+    out: dict[str, Any] = episode_window_metrics(merge_windows([w for _, w in parts]))
     for key in _SUMMED:
         out[key] = int(sum(m.get(key, 0) for m in metrics))
     now = time.perf_counter()

@@ -17,6 +17,26 @@ _EMA_COEFF = 0.01  # RLlib's default EMA coefficient for timers
 _MAX_CALLS_REMEMBERED = 100_000
 
 
+
+def episode_window_metrics(window: dict[str, np.ndarray]) -> dict[str, Any]:
+    """RLlib's episode keys (means, minima, maxima) over a window of finished episodes
+    (`RunnerMetrics.window_values`, or several runners' windows joined); `{}` if empty."""
+    returns, lengths = window["episode_return"], window["episode_len"]
+    if not len(returns):
+        return {}
+    mean_return = float(returns.mean())
+    return {
+        keys.EPISODE_RETURN_MEAN: mean_return,
+        keys.EPISODE_RETURN_MIN: float(returns.min()),
+        keys.EPISODE_RETURN_MAX: float(returns.max()),
+        keys.EPISODE_LEN_MEAN: float(lengths.mean()),
+        keys.EPISODE_LEN_MIN: int(lengths.min()),
+        keys.EPISODE_LEN_MAX: int(lengths.max()),
+        keys.EPISODE_DURATION_SEC_MEAN: float(window["episode_duration_sec"].mean()),
+        keys.AGENT_EPISODE_RETURN_MEAN: {DEFAULT_AGENT_ID: mean_return},
+        keys.MODULE_EPISODE_RETURN_MEAN: {DEFAULT_MODULE_ID: mean_return},
+    }
+
 class _Ema:
     def __init__(self):
         self.value: float | None = None
@@ -84,27 +104,7 @@ class RunnerMetrics:
 
     def reduce(self, registers: Any) -> dict[str, Any]:
         """RLlib's metrics dict from host copies of the device `MetricRegisters`."""
-        out: dict[str, Any] = {}
-        size = int(registers.window_size)
-        if size > 0:
-            returns = np.asarray(registers.window_return[:size], np.float64)
-            lengths = np.asarray(registers.window_len[:size], np.int64)
-            now_mod = self.vector_steps_lifetime % 2**32
-            end_mod = np.asarray(registers.window_end_step[:size], np.int64)
-            end = self.vector_steps_lifetime - ((now_mod - end_mod) % 2**32)
-            durations = (self._time_of_vector_step(end.astype(np.float64))
-                         - self._time_of_vector_step((end - lengths).astype(np.float64)))
-            out.update({
-                keys.EPISODE_RETURN_MEAN: float(returns.mean()),
-                keys.EPISODE_RETURN_MIN: float(returns.min()),
-                keys.EPISODE_RETURN_MAX: float(returns.max()),
-                keys.EPISODE_LEN_MEAN: float(lengths.mean()),
-                keys.EPISODE_LEN_MIN: int(lengths.min()),
-                keys.EPISODE_LEN_MAX: int(lengths.max()),
-                keys.EPISODE_DURATION_SEC_MEAN: float(durations.mean()),
-                keys.AGENT_EPISODE_RETURN_MEAN: {DEFAULT_AGENT_ID: float(returns.mean())},
-                keys.MODULE_EPISODE_RETURN_MEAN: {DEFAULT_MODULE_ID: float(returns.mean())},
-            })
+        out = episode_window_metrics(self.window_values(registers))
         device_count = int(registers.episodes)
         new_episodes = (device_count - self._episodes_seen_on_device) % 2**32
         self._episodes_seen_on_device = device_count
