@@ -23,6 +23,8 @@ from jaxrunner.distributed.actor_manager import (
 from jaxrunner.distributed.metrics import GroupCounters, aggregate
 from jaxrunner.distributed.remote_runner import RunnerNotRestoredError, actor_options
 
+from distributed_helpers import forcing_action
+
 
 def small_config(**env_runners) -> jaxrunner.RunnerConfig:
     return (jaxrunner.RunnerConfig()
@@ -30,17 +32,6 @@ def small_config(**env_runners) -> jaxrunner.RunnerConfig:
             .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=16, **env_runners)
             .rl_module(model_config={"fcnet_hiddens": [16]})
             .debugging(seed=0))
-
-
-def forcing_action(weights: dict, action: int) -> dict:
-    """`weights` with the policy head zeroed and biased so that `action` has probability
-    ~1 - 2e-9 under exploration and is the greedy action."""
-    weights = jax.tree.map(np.array, weights)
-    head = weights["pi"][max(weights["pi"], key=lambda name: int(name.split("_")[-1]))]
-    head["kernel"][:] = 0.0
-    head["bias"][:] = -10.0
-    head["bias"][action] = 10.0
-    return weights
 
 
 @pytest.fixture(scope="module")
