@@ -117,8 +117,8 @@ def throughput_sweep(env_id: str, num_envs_list, random_actions: bool, rounds: i
                                autoreset_mode="partial"))
         sides["bare_scan"] = make_bare_scan(env_id, num_envs, num_steps, HIDDENS,
                                             random_actions)
-        steps_per_call = {name: num_envs * num_steps for name in sides}
-        result = _compare_mixed(sides, steps_per_call, rounds)
+        result = compare(sides, num_envs * num_steps, rounds=rounds, calls_per_round=None)
+        del result["_timings"]
         # Host peers are measured apart: torch's and numpy's thread pools keep spinning
         # after a call and would slow whichever JAX side ran next.
         host_sides, host_steps_per_call = {}, {}
@@ -133,7 +133,8 @@ def throughput_sweep(env_id: str, num_envs_list, random_actions: bool, rounds: i
             host_steps_per_call["rllib_env_runner"] = num_envs * host_steps
         if host_sides:
             result["steps_per_s"].update(
-                _compare_mixed(host_sides, host_steps_per_call, 3)["steps_per_s"])
+                compare(host_sides, host_steps_per_call, rounds=3,
+                        calls_per_round=None)["steps_per_s"])
         del host_sides
         result.update({"env": env_id, "num_envs": num_envs,
                        "policy": "random" if random_actions else "mlp64x64 explore",
@@ -144,36 +145,6 @@ def throughput_sweep(env_id: str, num_envs_list, random_actions: bool, rounds: i
         del sides
         gc.collect()
     return cases
-
-
-def _compare_mixed(sides, steps_per_call, rounds):
-    timings = {name: [] for name in sides}
-    names = list(sides)
-    repeats = {}
-    for name, run in sides.items():  # enough calls per round for >= 50 ms of work
-        start = time.perf_counter()
-        run()
-        repeats[name] = max(1, int(0.05 / max(time.perf_counter() - start, 1e-6)) + 1)
-    for round_index in range(rounds):
-        # Alternate the order each round so no side always runs after the same one.
-        for name in (names if round_index % 2 == 0 else names[::-1]):
-            run = sides[name]
-            start = time.perf_counter()
-            for _ in range(repeats[name]):
-                run()
-            timings[name].append((time.perf_counter() - start) / repeats[name])
-    best = {name: steps_per_call[name] / min(t) for name, t in timings.items()}
-    out = {"steps_per_s": best}
-    if "bare_scan" in timings:
-        ratios = {}
-        for name, t in timings.items():
-            if name == "bare_scan":
-                continue
-            per_round = [(steps_per_call[name] / own) / (steps_per_call["bare_scan"] / ref)
-                         for own, ref in zip(t, timings["bare_scan"])]
-            ratios[name] = float(np.median(per_round))
-        out["ratio_to_bare_scan"] = ratios
-    return out
 
 
 def memory_per_step(env_id: str = "CartPole-v1", num_envs: int = 4096,

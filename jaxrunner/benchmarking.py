@@ -118,25 +118,44 @@ def make_jaxrunner(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[in
     return run, compile_s
 
 
-def compare(sides: dict[str, Callable[[], None]], steps_per_call: int, *, rounds: int = 10,
-            calls_per_round: int = 3, reference: str = "bare_scan") -> dict[str, Any]:
-    """Alternating rounds; returns best steps/s per side and median per-round ratios."""
-    timings: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(rounds):
-        for name, run in sides.items():
+def compare(sides: dict[str, Callable[[], None]], steps_per_call: int | dict[str, int], *,
+            rounds: int = 10, calls_per_round: int | None = 3,
+            reference: str = "bare_scan") -> dict[str, Any]:
+    """Alternating rounds; returns best steps/s per side and median per-round ratios.
+
+    `steps_per_call`: env steps one call of each side takes (one number for all, or per
+    side). The order of the sides is reversed every round, so no side always runs right
+    after the same other one. `calls_per_round=None` picks, per side, enough calls for
+    at least 50 ms of work a round (from one timed call). `_timings` holds seconds per
+    call, per round."""
+    steps = (steps_per_call if isinstance(steps_per_call, dict)
+             else {name: steps_per_call for name in sides})
+    calls = {}
+    for name, run in sides.items():
+        if calls_per_round is None:
             start = time.perf_counter()
-            for _ in range(calls_per_round):
-                run()
-            timings[name].append(time.perf_counter() - start)
-    steps = steps_per_call * calls_per_round
+            run()
+            calls[name] = max(1, int(0.05 / max(time.perf_counter() - start, 1e-6)) + 1)
+        else:
+            calls[name] = calls_per_round
+    names = list(sides)
+    timings: dict[str, list[float]] = {name: [] for name in sides}
+    for round_index in range(rounds):
+        for name in (names if round_index % 2 == 0 else names[::-1]):
+            start = time.perf_counter()
+            for _ in range(calls[name]):
+                sides[name]()
+            timings[name].append((time.perf_counter() - start) / calls[name])
     result: dict[str, Any] = {
         "_timings": timings,
-        "steps_per_s": {name: steps / min(t) for name, t in timings.items()},
-        "median_steps_per_s": {name: steps / statistics.median(t) for name, t in timings.items()},
+        "steps_per_s": {name: steps[name] / min(t) for name, t in timings.items()},
+        "median_steps_per_s": {name: steps[name] / statistics.median(t)
+                               for name, t in timings.items()},
     }
     if reference in sides:
         result["ratio_to_" + reference] = {
-            name: statistics.median(ref / own for ref, own in zip(timings[reference], t))
+            name: statistics.median((steps[name] / own) / (steps[reference] / ref)
+                                    for ref, own in zip(timings[reference], t))
             for name, t in timings.items() if name != reference}
     return result
 

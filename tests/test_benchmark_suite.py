@@ -8,6 +8,7 @@ import time
 import pytest
 
 from benchmarks import report, suite
+from jaxrunner.benchmarking import compare
 
 
 def _sleeper(seconds):
@@ -15,8 +16,8 @@ def _sleeper(seconds):
 
 
 def test_compare_mixed_reports_rates_and_per_round_ratios():
-    out = suite._compare_mixed({"bare_scan": _sleeper(0.002), "jaxrunner": _sleeper(0.004)},
-                               {"bare_scan": 100, "jaxrunner": 100}, rounds=3)
+    out = compare({"bare_scan": _sleeper(0.002), "jaxrunner": _sleeper(0.004)},
+                  {"bare_scan": 100, "jaxrunner": 100}, rounds=3, calls_per_round=None)
     assert set(out["steps_per_s"]) == {"bare_scan", "jaxrunner"}
     assert 0.2 < out["ratio_to_bare_scan"]["jaxrunner"] < 0.8  # half as fast, give or take
 
