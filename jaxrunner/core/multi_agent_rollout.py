@@ -1,4 +1,4 @@
-"""The compiled multi-agent rollout: `lax.scan` over time of a batched step over sub-envs.
+"""The compiled multi-agent rollout: `scan_while` over time of a batched step over sub-envs.
 
 Pure JAX (no Ray, no host I/O). Shapes: `T` chunk length, `B` sub-envs, `A` agents (the
 env's fixed `agents`, in that order), `M` modules (sorted ids), `W` metrics window, `L`
@@ -38,7 +38,7 @@ from flax import struct
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.mapping import AgentMapping
 from jaxrunner.core.rollout import (NO_EPISODE_LIMIT, POLICY_MODES, _uniform_logp,
-                                   _update_registers)
+                                   _update_registers, scan_while)
 from jaxrunner.envs.multi_agent import ALL
 
 
@@ -566,30 +566,31 @@ def make_multi_agent_rollout_fns(spec: MultiAgentRolloutSpec, mode: str
         start = carry
         _, record_shape = jax.eval_shape(vector_step, carry, params, env_params)
 
-        def skip(c):
-            return c, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), record_shape)
-
-        def body(loop, t):
+        def step(loop):
             c, episodes_done, agent_steps_done = loop
-            active = ((t < num_steps) & (episodes_done < episodes_limit)
-                      & (agent_steps_done < agent_steps_limit))
-            c, record = jax.lax.cond(active, lambda c: vector_step(c, params, env_params),
-                                     skip, c)
-            record = record.replace(valid=active)
+            c, record = vector_step(c, params, env_params)
             episodes_done = episodes_done + jnp.sum((record.all_flags != 0).astype(jnp.int32))
             agent_steps_done = agent_steps_done + jnp.sum(
                 ((record.flags & _COMPLETED) != 0).astype(jnp.int32))
-            return (c, episodes_done, agent_steps_done), record
+            return (c, episodes_done, agent_steps_done), record.replace(valid=None)
+
+        def keep_going(t, loop):
+            _, episodes_done, agent_steps_done = loop
+            return ((t < num_steps) & (episodes_done < episodes_limit)
+                    & (agent_steps_done < agent_steps_limit))
 
         zero = jnp.zeros((), jnp.int32)
-        (carry, _, agent_steps_done), records = jax.lax.scan(
-            body, (carry, zero, zero), jnp.arange(spec.chunk_len, dtype=jnp.int32))
+        steps_taken, (carry, _, agent_steps_done), records = scan_while(
+            step, (carry, zero, zero), record_shape.replace(valid=None), spec.chunk_len,
+            keep_going)
+        records = records.replace(
+            valid=jnp.arange(spec.chunk_len, dtype=jnp.int32) < steps_taken)
         traj = to_trajectory(records, start)
         carry, num_counted, counted_len = update_metrics(carry, traj, start.vector_step,
                                                          episodes_limit)
         lookback = update_lookback(lookback, traj)
         info = MultiAgentChunkInfo(
-            num_steps=jnp.sum(traj.valid.astype(jnp.int32)), num_episodes=num_counted,
+            num_steps=steps_taken, num_episodes=num_counted,
             episode_env_steps=counted_len, agent_steps=agent_steps_done,
             start_episode_count=start.episode_count, start_episode_len=start.episode_len,
             start_agent_len=start.agent_len)
