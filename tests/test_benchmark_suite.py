@@ -3,23 +3,32 @@ bare scan, the target summary and the README tables made from it."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from benchmarks import report, suite
-from jaxrunner.benchmarking import compare
+from jaxrunner import benchmarking
 
 
-def _sleeper(seconds):
-    return lambda: time.sleep(seconds)
+def test_compare_reports_rates_and_per_round_ratios(monkeypatch):
+    """A fake clock that each side advances by a fixed amount: no real timing involved."""
+    clock = [0.0]
+    monkeypatch.setattr(benchmarking.time, "perf_counter", lambda: clock[0])
+    calls = {"bare_scan": 0, "jaxrunner": 0}
 
+    def side(name, seconds):
+        def run():
+            calls[name] += 1
+            clock[0] += seconds
+        return run
 
-def test_compare_mixed_reports_rates_and_per_round_ratios():
-    out = compare({"bare_scan": _sleeper(0.002), "jaxrunner": _sleeper(0.004)},
-                  {"bare_scan": 100, "jaxrunner": 100}, rounds=3, calls_per_round=None)
-    assert set(out["steps_per_s"]) == {"bare_scan", "jaxrunner"}
-    assert 0.2 < out["ratio_to_bare_scan"]["jaxrunner"] < 0.8  # half as fast, give or take
+    out = benchmarking.compare({"bare_scan": side("bare_scan", 0.002),
+                                "jaxrunner": side("jaxrunner", 0.004)},
+                               {"bare_scan": 100, "jaxrunner": 200}, rounds=3,
+                               calls_per_round=None)
+    assert out["steps_per_s"] == pytest.approx({"bare_scan": 5e4, "jaxrunner": 5e4})
+    assert out["ratio_to_bare_scan"]["jaxrunner"] == pytest.approx(1.0)
+    # >= 50 ms of work per round: 26 and 13 calls, after one timed call each.
+    assert calls == {"bare_scan": 1 + 3 * 26, "jaxrunner": 1 + 3 * 13}
 
 
 def _case(env, policy, num_envs, ratio, partial=None, rllib=None):
