@@ -519,6 +519,43 @@ class MultiAgentEnvRunner(EnvRunner):
         self.num_env_steps_sampled_lifetime = self._metrics.env_steps_lifetime
         return metrics
 
+    def get_metrics_window(self) -> dict[str, Any]:
+        """The finished episodes in this runner's smoothing windows as host arrays:
+        `episode_return` float64, `episode_len` int64, `episode_duration_sec` float64
+        (each `(n,)`, n <= W, over all episodes), `agent_episode_return`
+        `{agent_id: (n_a,) float64}` (the episodes each agent stepped in) and
+        `module_episode_return` `{module_id: (n_m,) float64}` (per module: the sum of the
+        returns of its agents in an episode). Every agent and module id has an entry
+        (empty when its window is).
+
+        `EnvRunnerGroup.get_metrics()` merges these windows so that means are taken over
+        all runners' episodes, not averaged per runner. Changes nothing (no reduce).
+        """
+        if self._metrics is None:
+            raise ValueError("This runner has no module (no env and no spaces).")
+        from jaxrunner.core.carry import MetricRegisters
+
+        module_ids = tuple(self.module.module_ids)
+        if self._carry is None:
+            general = jax.device_get(MetricRegisters.create(1))
+            window = self._metrics.general.window_values(general)
+            window["agent_episode_return"] = {a: np.zeros(0, np.float64)
+                                              for a in self._agent_ids}
+            window["module_episode_return"] = {m: np.zeros(0, np.float64) for m in module_ids}
+            return window
+        general, agents, modules = jax.device_get(
+            (self._carry.metrics, self._carry.agent_metrics, self._carry.module_metrics))
+
+        def rows(registers: Any, ids: tuple[str, ...]) -> dict[str, np.ndarray]:
+            sizes = np.asarray(registers.window_size)
+            returns = np.asarray(registers.window_return, np.float64)
+            return {name: returns[i, : int(sizes[i])] for i, name in enumerate(ids)}
+
+        window = self._metrics.general.window_values(general)
+        window["agent_episode_return"] = rows(agents, self._agent_ids)
+        window["module_episode_return"] = rows(modules, module_ids)
+        return window
+
     # ------------------------------------------------------------------ state
     def get_state(self, components: Any = None, *, not_components: Any = None,
                   inference_only: bool = True, **kwargs: Any) -> dict[str, Any]:
@@ -575,10 +612,6 @@ class MultiAgentEnvRunner(EnvRunner):
         new_params, seq = None, int(state.get("weights_seq_no", 0) or 0)
         if COMPONENT_RL_MODULE in state and (seq == 0 or seq > self._weights_seq_no):
             weights = state[COMPONENT_RL_MODULE]
-            if type(weights).__name__ == "ObjectRef":
-                import ray
-
-                weights = ray.get(weights)
             if self.module is None:
                 raise ValueError("set_state: this runner has no module to load weights into.")
             if not isinstance(weights, dict) or not set(weights) <= set(self.module.module_ids):

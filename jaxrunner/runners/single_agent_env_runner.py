@@ -690,10 +690,6 @@ class SingleAgentEnvRunner(EnvRunner):
         new_params, seq = None, int(state.get("weights_seq_no", 0) or 0)
         if COMPONENT_RL_MODULE in state and (seq == 0 or seq > self._weights_seq_no):
             weights = state[COMPONENT_RL_MODULE]
-            if type(weights).__name__ == "ObjectRef":
-                import ray
-
-                weights = ray.get(weights)
             if isinstance(weights, dict) and set(weights) == {DEFAULT_MODULE_ID}:
                 weights = weights[DEFAULT_MODULE_ID]
             if self.module is None:
