@@ -12,6 +12,13 @@
   reset).
 * `episode.env_index`: `() int32`, the sub-env index.
 * `episode.module_ids`: the configured module ids (sorted tuple, static).
+* `episode.coin(p=0.5)`: a `() bool` array, True with probability `p`, drawn from
+  `episode.key` (so the same for every agent of the episode): the usual condition for
+  `episode.choose`.
+
+`policy_mapping_fn` is traced, not run on concrete values: a Python `if`, `bool()` or
+`int()` on anything derived from `episode` raises a `TypeError` (`MappingTraceError`)
+before anything is compiled, pointing at `episode.choose`.
 
 The function returns either a module id `str` (a static mapping, decided while tracing:
 it may depend on `agent_id` only) or a `ModuleChoice` made with `episode.choose(...)`,
@@ -41,6 +48,17 @@ from flax import struct
 
 class UnknownModuleError(ValueError):
     """`policy_mapping_fn` maps an agent to a module id that is not configured."""
+
+
+class MappingTraceError(TypeError):
+    """`policy_mapping_fn` branches in Python on a traced episode value (a plain
+    `TypeError` whose message points at `episode.choose`)."""
+
+
+# The errors JAX raises when Python code needs a concrete value from a tracer.
+_TRACER_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+                  jax.errors.TracerIntegerConversionError,
+                  jax.errors.TracerArrayConversionError)
 
 
 def _check_ids(ids: Sequence[str], module_ids: tuple[str, ...], what: str) -> None:
@@ -212,18 +230,23 @@ def trace_mapping(fn: Callable, agent_ids: tuple[str, ...], module_ids: tuple[st
     key = jax.random.key(0) if key_impl is None else jax.random.key(0, impl=key_impl)
     try:
         jax.eval_shape(probe, key, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    # JAX's tracer errors subclass TypeError: they must be caught before the re-raise
+    # of our own TypeErrors below, or the raw tracer error escapes.
+    except _TRACER_ERRORS as error:
+        raise MappingTraceError(
+            "policy_mapping_fn(agent_id, episode) is evaluated on device, inside the "
+            "compiled rollout, so it cannot branch in Python (if/else, bool(), int()) on "
+            f"episode values ({type(error).__name__}). Use episode.choose(condition, id_a, "
+            "id_b), episode.random_module(ids) or episode.pick(index, ids) instead of "
+            "if/else; episode.coin(p) gives a () bool draw to choose on, e.g. "
+            "episode.choose(episode.coin(), 'main', 'opponent')."
+        ) from error
     except (UnknownModuleError, TypeError):
         raise
-    except jax.errors.ConcretizationTypeError as error:
-        raise TypeError(
-            "policy_mapping_fn(agent_id, episode) is evaluated on device, inside the "
-            "compiled rollout, so it cannot branch in Python on episode values "
-            f"({type(error).__name__}). Use episode.choose(condition, id_a, id_b), "
-            "episode.random_module(ids) or episode.pick(index, ids) instead of if/else."
-        ) from error
     return AgentMapping(fn=fn, agent_ids=agent_ids, module_ids=module_ids,
                         candidates=found)
 
 
-__all__ = ["AgentMapping", "MappingEpisode", "ModuleChoice", "UnknownModuleError",
+__all__ = ["AgentMapping", "MappingEpisode", "MappingTraceError", "ModuleChoice",
+           "UnknownModuleError",
            "default_policy_mapping_fn", "mapping_episode", "trace_mapping"]
