@@ -161,7 +161,7 @@ def memory_per_step(env_id: str = "CartPole-v1", num_envs: int = 4096,
     fns = runner._fns("explore")
     lowered = fns["chunk"].lower(runner._carry, runner._lookback, runner._params,
                                  runner.env_params, np.int32(num_steps), np.int32(2**31 - 1),
-                                 np.int32(0))
+                                 np.int32(2**31 - 1), np.int32(0))
     analysis = lowered.compile().memory_analysis()
     traj = runner.sample().chunks[0]
     # Raw trajectory bytes: the per-step data itself (observation, final observation,

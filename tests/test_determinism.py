@@ -97,7 +97,7 @@ def test_determinism__jit_and_no_jit_chunk_agree(runners):
     runner = runners["first"]
     params = jax.tree.map(np.asarray, runner.get_state(components="rl_module")["rl_module"])
     env_params = runner.env_params
-    carry = jax.jit(fns.init_carry)(jax.random.key(3), env_params)
+    carry = jax.jit(fns.init_carry)(jax.random.key(3), params, env_params)
     lookback = jax.jit(fns.init_lookback)(carry, params, env_params)
     num_steps = 2  # two steps taken, the third skipped by the traced limit
     args = (carry, lookback, params, env_params, np.int32(num_steps), NO_EPISODE_LIMIT)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.core.carry import MetricRegisters, Trajectory
-from jaxrunner.core.rollout import NO_EPISODE_LIMIT, _update_registers
+from jaxrunner.core.carry import MetricRegisters
+from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, write_ring
 from conftest import assert_trees_equal, make_config, whole_episodes
 from jaxrunner.runners.host_env import update_registers_np
 
@@ -289,10 +289,10 @@ def test_metrics_count_exactly_the_returned_finished_episodes():
 
 def test_numpy_register_update_equals_the_compiled_one():
     """The host path books finished episodes with `update_registers_np`: the same ring
-    as the rollout's jitted `_update_registers`, bit for bit (limits, ring wrap-around,
+    as the rollout's jitted `write_ring`, bit for bit (limits, ring wrap-around,
     partial chunks, the vector-step counter wrapping at 2**32)."""
     rng = np.random.default_rng(0)
-    update = jax.jit(_update_registers)
+    update = jax.jit(write_ring)
     window, chunk_len, num_envs = 10, 16, 8
     on_device = MetricRegisters.create(window)
     on_host = jax.device_get(on_device)
@@ -304,11 +304,9 @@ def test_numpy_register_update_equals_the_compiled_one():
         lengths = rng.integers(1, 50, (chunk_len, num_envs)).astype(np.int32)
         returns = rng.normal(size=(chunk_len, num_envs)).astype(np.float32)
         valid = np.arange(chunk_len) < rng.integers(1, chunk_len + 1)
-        traj = Trajectory(obs=None, actions=None, rewards=returns, terminated=terminated,
-                          truncated=truncated, final_obs=None, extra_model_outputs=None,
-                          episode_return=returns, episode_len=lengths,
-                          failed=np.zeros_like(done), valid=valid)
-        on_device, num_device, len_device, _, _ = update(on_device, traj, np.uint32(step % 2**32),
+        ring = RingInput(done=terminated | truncated, failed=np.zeros_like(done), valid=valid,
+                         episode_return=returns, episode_len=lengths)
+        on_device, num_device, len_device, _, _ = update(on_device, ring, np.uint32(step % 2**32),
                                                    np.int32(limit))
         on_host, num_host, len_host = update_registers_np(
             on_host, terminated=terminated, truncated=truncated, valid=valid,

@@ -1,4 +1,4 @@
-"""The compiled metric-ring update: `rank_positions` and `_update_registers` against plain
+"""The compiled metric-ring update: `rank_positions` and `write_ring` against plain
 Python over random chunks (fast path, episode limits that cut a row, failed sub-envs,
 chunks that stopped early)."""
 
@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrunner.core.carry import MetricRegisters, Trajectory
-from jaxrunner.core.rollout import NO_EPISODE_LIMIT, _update_registers, rank_positions
+from jaxrunner.core.carry import MetricRegisters
+from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, rank_positions, write_ring
 
 
 @pytest.mark.parametrize("shape,density", [((1,), 1.0), ((7,), 0.5), ((128, 64), 0.03),
@@ -71,18 +71,16 @@ def test_update_registers_equals_a_python_loop(case):
     expected, num, counted_len, discarded, end_len, last_counted = _python_ring(
         terminated, truncated, failed, valid, rewards, start_len, start_ret, 7, limit,
         window, steps_in_call)
-    traj = Trajectory(obs=None, actions=None, rewards=rewards, terminated=terminated,
-                      truncated=truncated, final_obs=None, extra_model_outputs=None,
-                      episode_return=None, episode_len=None, failed=failed, valid=valid)
+    ring = RingInput(done=terminated | truncated, failed=failed, valid=valid, rewards=rewards)
     registers = MetricRegisters.create(window)
 
-    def update(registers, traj, limit, start_len, start_ret, end_len, steps_in_call):
-        return _update_registers(registers, traj, np.uint32(7), limit,
+    def update(registers, ring, limit, start_len, start_ret, end_len, steps_in_call):
+        return write_ring(registers, ring, np.uint32(7), limit,
                                  start_episode_len=start_len, start_episode_return=start_ret,
                                  end_episode_len=end_len, steps_in_call=steps_in_call)
 
     new, got_num, got_len, got_discarded, got_last = jax.jit(update)(
-        registers, traj, np.int32(limit), start_len, start_ret, end_len.astype(np.int32),
+        registers, ring, np.int32(limit), start_len, start_ret, end_len.astype(np.int32),
         steps_in_call)
     assert (int(got_num), int(got_len), int(got_discarded)) == (num, counted_len, discarded)
     assert int(got_last) == last_counted

@@ -102,3 +102,7 @@ class ChunkInfo:
     first_failure_step: jax.Array  # () int32: chunk step of the first failure (-1: none)
     first_failure_env: jax.Array  # () int32: sub-env of the first failure (-1: none)
     max_consecutive_failures: jax.Array  # () int32: longest failure streak of any sub-env
+    # Multi-agent layouts only (None for single-agent):
+    agent_steps: jax.Array | None = None  # () int32: agent steps completed in this chunk
+    discarded_agent_steps: jax.Array | None = None  # () int32: of this call's failed episodes
+    start_agent_len: jax.Array | None = None  # (B, A) int32

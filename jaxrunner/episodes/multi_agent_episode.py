@@ -143,7 +143,7 @@ class MultiAgentEpisodeBatch(Sequence):
                  num_episodes: int | None, id_prefix: str, agent_ids: tuple[str, ...],
                  module_ids: tuple[str, ...], observation_spaces: dict,
                  action_spaces: dict, module_batch_fn: Callable | None = None,
-                 weights_seq_no: int = 0):
+                 weights_seq_no: int = 0, discarded_env_steps: int = 0):
         self.chunks = tuple(chunks)
         self.num_envs = num_envs
         self.mode = mode
@@ -159,6 +159,8 @@ class MultiAgentEpisodeBatch(Sequence):
         self._id_prefix = id_prefix
         self._module_batch_fn = module_batch_fn
         self._episodes: list[MultiAgentEpisode] | None = None
+        # Env steps of failed sub-envs' episodes (discarded: not in the episodes).
+        self.discarded_env_steps = int(discarded_env_steps)
 
     # ------------------------------------------------------------------ device face
     def trajectory(self) -> MultiAgentTrajectory:
@@ -193,7 +195,7 @@ class MultiAgentEpisodeBatch(Sequence):
     def env_steps(self) -> int:
         """Env steps in the returned episodes."""
         if self.mode == "timesteps":
-            return self._num_steps * self.num_envs
+            return self._num_steps * self.num_envs - self.discarded_env_steps
         return sum(len(e) for e in self._host_episodes())
 
     def agent_steps(self) -> int:
@@ -221,8 +223,12 @@ class MultiAgentEpisodeBatch(Sequence):
         num_steps = self._num_steps
         if not chunks:
             return []
-        traj = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0)[:num_steps], *chunks)
-        done = traj.all_terminated | traj.all_truncated  # (T, B)
+        # Only the taken steps: a chunk that stopped early (e.g. before a top-up after a
+        # sub-env failure) has invalid rows in the middle of the concatenation.
+        taken = np.concatenate([chunk.valid for chunk in chunks])
+        traj = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0)[taken], *chunks)
+        # A failed sub-env's episode ends at the failure and is discarded.
+        done = traj.all_terminated | traj.all_truncated | traj.failed  # (T, B)
         lookback_len = lookback.rewards.shape[0]
         episodes: list[tuple[int, int, MultiAgentEpisode]] = []
         for b in range(self.num_envs):
@@ -233,6 +239,8 @@ class MultiAgentEpisodeBatch(Sequence):
                 if e <= s:
                     continue  # an episode that starts at the very end has no steps yet
                 finished = k < len(ends)
+                if finished and traj.failed[e - 1, b]:
+                    continue  # its sub-env failed: the episode is discarded for every agent
                 if self.mode == "episodes" and not finished:
                     continue
                 episode_index = int(start_count[b]) + k

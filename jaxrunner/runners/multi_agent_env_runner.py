@@ -9,10 +9,6 @@ episode-to-module mapping in `jaxrunner.core.mapping`.
 
 from __future__ import annotations
 
-import hashlib
-import math
-import os
-import time
 from typing import Any
 
 import gymnasium as gym
@@ -22,42 +18,25 @@ import numpy as np
 
 from jaxrunner.config import RunnerConfig
 from jaxrunner.connectors.actions import make_actions_for_env
+from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.mapping import (AgentMapping, MappingEpisode, default_policy_mapping_fn,
                                     mapping_episode, trace_mapping)
 from jaxrunner.core.multi_agent_rollout import (MultiAgentRolloutSpec, make_module_batch_fn,
                                                 make_multi_agent_rollout_fns)
-from jaxrunner.core.rollout import NO_EPISODE_LIMIT
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.multi_agent import ALL, make_multi_agent_env
 from jaxrunner.envs.spaces import action_dtype, batched_space, to_gymnasium
 from jaxrunner.episodes.multi_agent_episode import MultiAgentEpisodeBatch
-from jaxrunner.errors import SampleArgumentError, StateStructureError
+from jaxrunner.errors import StateStructureError
 from jaxrunner.metrics.multi_agent import MultiAgentRunnerMetrics
 from jaxrunner.modules.multi_rl_module import MultiRLModule
 from jaxrunner.modules.rl_module import RLModuleSpec, init_params
-from jaxrunner.runners.env_runner import EnvRunner
-from jaxrunner.runners.single_agent_env_runner import (_ALL_COMPONENTS, _DEFAULT_COMPONENTS,
-                                                       _STATE_KEYS, COMPONENT_CARRY,
-                                                       COMPONENT_ENV_TO_MODULE_CONNECTOR,
-                                                       COMPONENT_MODULE_TO_ENV_CONNECTOR,
-                                                       COMPONENT_RL_MODULE, _as_set,
-                                                       _check_same_structure)
+from jaxrunner.runners.compiled_runner import CompiledEnvRunner, check_same_structure
 
 COUNT_STEPS_BY = ("env_steps", "agent_steps")
-# An agent_steps-mode sample() gives up after this many vector steps without any agent
-# step completing (an env whose agents never get an observation nor finish).
-_MAX_IDLE_VECTOR_STEPS = 100_000
 
 
-def _is_key(x: Any) -> bool:
-    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-def _keys_to_data(tree: Any) -> Any:
-    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
-
-
-class MultiAgentEnvRunner(EnvRunner):
+class MultiAgentEnvRunner(CompiledEnvRunner):
     """Samples `num_envs_per_env_runner` sub-envs of a JAX multi-agent env with a
     `MultiRLModule`, all inside one compiled `lax.scan`.
 
@@ -83,41 +62,17 @@ class MultiAgentEnvRunner(EnvRunner):
                 "jaxrunner.runner_class_for(config)) for a single-agent config."
             )
         super().__init__(config=config, worker_index=worker_index, num_workers=num_workers,
-                         **kwargs)
-        cfg = self.config
-        if cfg.count_steps_by not in COUNT_STEPS_BY:
+                         spaces=spaces, **kwargs)
+
+    _id_salt = "ma-"
+
+    def _init_fields(self) -> None:
+        if self.config.count_steps_by not in COUNT_STEPS_BY:
             raise ValueError(f"count_steps_by must be one of {list(COUNT_STEPS_BY)}, got "
-                             f"{cfg.count_steps_by!r}.")
-        if cfg.seed is None:
-            self._seed = None
-            seed_for_key = int.from_bytes(os.urandom(4), "little")
-        else:
-            self._seed = int(cfg.seed + (worker_index or 0) + 1_000_000 * cfg.in_evaluation)
-            seed_for_key = self._seed
-        self._base_key = jax.random.key(seed_for_key)
-        self._id_prefix = hashlib.sha1(
-            f"ma-{seed_for_key}-{worker_index}-"
-            f"{os.urandom(8).hex() if cfg.seed is None else ''}".encode()).hexdigest()[:12]
-        self.num_envs = cfg.num_envs_per_env_runner
-        self.spaces = spaces
-        self.env = None
-        self.env_params = None
-        self.env_name: str | None = None
-        self.module: MultiRLModule | None = None
+                             f"{self.config.count_steps_by!r}.")
         self._agent_ids: tuple[str, ...] = ()
         self._mapping: AgentMapping | None = None
-        self._params: dict | None = None
-        self._weights_seq_no = 0
         self._metrics: MultiAgentRunnerMetrics | None = None
-        self._carry = None
-        self._lookback = None
-        self._needs_reset = True
-        self._compiled: dict[str, Any] = {}
-        self._stopped = False
-        if (worker_index is None or worker_index > 0 or cfg.create_env_on_local_worker
-                or cfg.num_env_runners == 0):
-            self.make_env()
-        self.make_module()
 
     # ------------------------------------------------------------------ construction
     def make_env(self) -> None:
@@ -303,10 +258,6 @@ class MultiAgentEnvRunner(EnvRunner):
                     f"module's last layer output {needed} values."
                 )
 
-    def _chunk_len(self) -> int:
-        fragment = self.config.get_rollout_fragment_length(self.worker_index or 0)
-        return max(1, min(fragment, self.config.max_chunk_length))
-
     def _spec(self) -> MultiAgentRolloutSpec:
         cfg = self.config
         return MultiAgentRolloutSpec(
@@ -318,33 +269,18 @@ class MultiAgentEnvRunner(EnvRunner):
             actions_for_env={a: make_actions_for_env(
                 self.action_spaces[a], normalize_actions=cfg.normalize_actions,
                 clip_actions=cfg.clip_actions, env_dtype=self._env_action_dtypes[a])
-                for a in self._agent_ids})
+                for a in self._agent_ids},
+            check_finite=cfg.check_finite, autoreset_mode=cfg.autoreset_mode,
+            partial_reset_ratio=cfg.partial_reset_ratio,
+            restart_failed_sub_environments=cfg.restart_failed_sub_environments)
 
-    def _fns(self, mode: str) -> dict:
-        """The rollout functions for `mode`, jitted once per runner build."""
-        if mode not in self._compiled:
-            fns = make_multi_agent_rollout_fns(self._spec(), mode)
-            self._compiled[mode] = {
-                "init_carry": jax.jit(fns.init_carry),
-                "reset_carry": jax.jit(fns.reset_carry, donate_argnums=(0,)),
-                "init_lookback": jax.jit(fns.init_lookback),
-                "chunk": jax.jit(fns.chunk, donate_argnums=(0,)),
-            }
-        return self._compiled[mode]
+    def _rollout_fns(self, mode: str):
+        return make_multi_agent_rollout_fns(self._spec(), mode)
 
     def _module_batch_fn(self):
         if "module_batches" not in self._compiled:
             self._compiled["module_batches"] = jax.jit(make_module_batch_fn(self._spec()))
         return self._compiled["module_batches"]
-
-    def _ensure_carry(self) -> None:
-        if self._carry is None:
-            fns = self._fns("explore")
-            self._carry = fns["init_carry"](jax.random.fold_in(self._base_key, 2),
-                                            jax.random.fold_in(self._base_key, 3),
-                                            self._params, self.env_params)
-            self._lookback = fns["init_lookback"](self._carry, self._params, self.env_params)
-            self._needs_reset = False
 
     def mapping_episode(self, env_index: int, episode_index: int) -> MappingEpisode:
         """The `episode` argument `policy_mapping_fn` gets for episode `episode_index` of
@@ -354,137 +290,25 @@ class MultiAgentEnvRunner(EnvRunner):
                                self._mapping.module_ids)
 
     # ------------------------------------------------------------------ sampling
-    def sample(self, *, num_timesteps: int | None = None, num_episodes: int | None = None,
-               explore: bool | None = None, random_actions: bool = False,
-               force_reset: bool = False) -> MultiAgentEpisodeBatch:
-        """Samples `num_timesteps` steps (in `config.count_steps_by` units) or
-        `num_episodes` whole episodes.
+    def _counts_agent_steps(self) -> bool:
+        return self.config.count_steps_by == "agent_steps"
 
-        "env_steps": between `n` and `n + num_envs - 1` env steps (the sum of the returned
-        episodes' `len()`). "agent_steps": between `n` and `n + num_envs * num_agents - 1`
-        completed agent steps (the sum of their `agent_steps()`). Episodes still running
-        are cut and continue in the next call (same ids; per agent the single-agent
-        contract holds). Episode mode resets every sub-env and returns exactly `k`
-        episodes that started and finished in the call. With neither size,
-        `batch_mode` decides ("truncate_episodes": `rollout_fragment_length * num_envs`
-        units; "complete_episodes": `num_envs` episodes).
-        """
-        self._check_sample_args(num_timesteps, num_episodes, explore, random_actions,
-                                force_reset)
-        start_time = time.perf_counter()
-        explore = self.config.explore if explore is None else explore
-        mode = "random" if random_actions else ("explore" if explore else "inference")
-        if num_timesteps is None and num_episodes is None:
-            if self.config.batch_mode == "truncate_episodes":
-                num_timesteps = (self.config.get_rollout_fragment_length(self.worker_index or 0)
-                                 * self.num_envs)
-            else:
-                num_episodes = self.num_envs
-        fns = self._fns(mode)
-        self._ensure_carry()
-        if num_episodes is not None or force_reset or self._needs_reset:
-            self._carry = fns["reset_carry"](self._carry, self.env_params)
-            self._needs_reset = False
-        lookback_at_start = self._lookback
-        chunks, infos = [], []
-        chunk_len = self._chunk_len()
-        if num_episodes is not None:
-            vector_steps, counted, returned_steps = 0, 0, 0
-            while counted < num_episodes:
-                info = self._run_chunk(fns, chunk_len, num_episodes - counted,
-                                       NO_EPISODE_LIMIT, chunks, infos)
-                steps, episodes, ep_steps = jax.device_get(
-                    (info.num_steps, info.num_episodes, info.episode_env_steps))
-                vector_steps += int(steps)
-                counted += int(episodes)
-                returned_steps += int(ep_steps)
-            self._needs_reset = True  # episodes in flight are dropped, as in RLlib
-            discarded = vector_steps * self.num_envs - returned_steps
-            batch_mode = "episodes"
-        elif self.config.count_steps_by == "env_steps":
-            vector_steps = math.ceil(num_timesteps / self.num_envs)
-            remaining = vector_steps
-            while remaining > 0:
-                steps = min(remaining, chunk_len)
-                self._run_chunk(fns, steps, NO_EPISODE_LIMIT, NO_EPISODE_LIMIT, chunks, infos)
-                remaining -= steps
-            discarded = 0
-            batch_mode = "timesteps"
-        else:
-            vector_steps, agent_steps, idle = 0, 0, 0
-            while agent_steps < num_timesteps:
-                limit = min(num_timesteps - agent_steps, int(NO_EPISODE_LIMIT))
-                info = self._run_chunk(fns, chunk_len, NO_EPISODE_LIMIT, limit, chunks, infos)
-                steps, completed = (int(x) for x in jax.device_get(
-                    (info.num_steps, info.agent_steps)))
-                vector_steps += steps
-                agent_steps += completed
-                idle = idle + steps if completed == 0 else 0
-                if idle >= _MAX_IDLE_VECTOR_STEPS:
-                    raise RuntimeError(
-                        f"sample(num_timesteps={num_timesteps}) with count_steps_by="
-                        f"'agent_steps': the env {self.env_name!r} completed no agent step in "
-                        f"{idle} vector steps (no agent got an observation or finished). "
-                        "Check its agents_to_act() and termination, or count env_steps."
-                    )
-            discarded = 0
-            batch_mode = "timesteps"
-        jax.block_until_ready(self._carry.vector_step)
+    def _make_batch(self, chunks, infos, lookback_at_start, vector_steps, mode, num_episodes,
+                    discarded) -> MultiAgentEpisodeBatch:
         first = infos[0] if infos else None
         start_info = ((first.start_episode_count, first.start_episode_len,
                        first.start_agent_len) if first else
                       (self._carry.episode_count, self._carry.episode_len,
                        self._carry.agent_len))
-        batch = MultiAgentEpisodeBatch(
+        return MultiAgentEpisodeBatch(
             chunks=tuple(chunks), start_info=start_info, lookback=lookback_at_start,
-            num_steps=vector_steps, num_envs=self.num_envs, mode=batch_mode,
+            num_steps=vector_steps, num_envs=self.num_envs, mode=mode,
             num_episodes=num_episodes, id_prefix=self._id_prefix, agent_ids=self._agent_ids,
             module_ids=self.module.module_ids, observation_spaces=self.observation_spaces,
             action_spaces=self.action_spaces, module_batch_fn=self._module_batch_fn(),
-            weights_seq_no=self._weights_seq_no)
-        self._metrics.record_sample(vector_steps=vector_steps,
-                                    env_steps=vector_steps * self.num_envs,
-                                    discarded_env_steps=discarded, start_time=start_time,
-                                    end_time=time.perf_counter())
-        return batch
+            weights_seq_no=self._weights_seq_no, discarded_env_steps=discarded)
 
-    def _run_chunk(self, fns, num_steps: int, episodes_limit, agent_steps_limit,
-                   chunks: list, infos: list):
-        carry, lookback, traj, info = fns["chunk"](
-            self._carry, self._lookback, self._params, self.env_params, np.int32(num_steps),
-            np.int32(episodes_limit), np.int32(agent_steps_limit))
-        self._carry, self._lookback = carry, lookback
-        chunks.append(traj)
-        infos.append(info)
-        return info
-
-    def _check_sample_args(self, num_timesteps, num_episodes, explore, random_actions,
-                           force_reset) -> None:
-        if self._stopped:
-            raise RuntimeError("This runner was stopped; create a new one to sample.")
-        if num_timesteps is not None and num_episodes is not None:
-            raise SampleArgumentError(
-                "Pass either num_timesteps or num_episodes to sample(), not both "
-                f"(got num_timesteps={num_timesteps}, num_episodes={num_episodes})."
-            )
-        for name, value in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise SampleArgumentError(f"{name} must be an int >= 0, got {value!r}.")
-            if value < 0:
-                raise SampleArgumentError(f"{name} must be >= 0, got {value}.")
-        for name, value in (("random_actions", random_actions), ("force_reset", force_reset)):
-            if not isinstance(value, bool):
-                raise SampleArgumentError(f"{name} must be True or False, got {value!r}.")
-        if explore is not None and not isinstance(explore, bool):
-            raise SampleArgumentError(f"explore must be True, False or None, got {explore!r}.")
-        if self.env is None:
-            raise ValueError(
-                "This runner has no env: it is the local runner (worker_index=0) of a group "
-                "with remote runners. Sample on the remote runners, or set "
-                "config.env_runners(create_env_on_local_worker=True)."
-            )
+    def _check_layout_sample_args(self) -> None:
         if self.config.count_steps_by not in COUNT_STEPS_BY:
             raise ValueError(f"count_steps_by must be one of {list(COUNT_STEPS_BY)}, got "
                              f"{self.config.count_steps_by!r}.")
@@ -497,14 +321,12 @@ class MultiAgentEnvRunner(EnvRunner):
             )
 
     # ------------------------------------------------------------------ metrics
-    def get_metrics(self) -> dict[str, Any]:
-        """RLlib's metric keys for the steps and episodes since the last call, with the
-        per-agent and per-module keys as `{id: value}` dicts."""
-        if self._metrics is None:
-            raise ValueError("This runner has no module (no env and no spaces).")
-        if self._carry is None:
-            from jaxrunner.core.carry import MetricRegisters
+    def _general_metrics(self):
+        return None if self._metrics is None else self._metrics.general
 
+    def _reduce_metrics(self) -> dict[str, Any]:
+        """RLlib's keys, with the per-agent and per-module keys as `{id: value}` dicts."""
+        if self._carry is None:
             empty = jax.device_get(MetricRegisters.create(1))
             stack = lambda n: jax.tree.map(  # noqa: E731
                 lambda x: np.zeros((n,) + np.shape(x), np.asarray(x).dtype), empty)
@@ -514,10 +336,12 @@ class MultiAgentEnvRunner(EnvRunner):
             c = self._carry
             values = jax.device_get((c.metrics, c.agent_metrics, c.module_metrics,
                                      c.agent_steps, c.module_steps))
-        self._metrics.general.weights_seq_no = self._weights_seq_no
-        metrics = self._metrics.reduce(*values)
-        self.num_env_steps_sampled_lifetime = self._metrics.env_steps_lifetime
-        return metrics
+        return self._metrics.reduce(*values)
+
+    def get_metrics(self) -> dict[str, Any]:
+        if self._metrics is None:
+            raise ValueError("This runner has no module (no env and no spaces).")
+        return super().get_metrics()
 
     def get_metrics_window(self) -> dict[str, Any]:
         """The finished episodes in this runner's smoothing windows as host arrays:
@@ -533,8 +357,6 @@ class MultiAgentEnvRunner(EnvRunner):
         """
         if self._metrics is None:
             raise ValueError("This runner has no module (no env and no spaces).")
-        from jaxrunner.core.carry import MetricRegisters
-
         module_ids = tuple(self.module.module_ids)
         if self._carry is None:
             general = jax.device_get(MetricRegisters.create(1))
@@ -557,105 +379,27 @@ class MultiAgentEnvRunner(EnvRunner):
         return window
 
     # ------------------------------------------------------------------ state
-    def get_state(self, components: Any = None, *, not_components: Any = None,
-                  inference_only: bool = True, **kwargs: Any) -> dict[str, Any]:
-        """The runner's state as host numpy: "rl_module" (`{module_id: weights}`, with
-        "weights_seq_no"), the connector states, `num_env_steps_sampled_lifetime`, and
-        "env_runner_carry" (RNG keys, env states, pending agent steps, counters, metric
-        registers) only when asked for by name."""
-        wanted = _as_set(components)
-        unwanted = _as_set(not_components) or set()
-        for given in (wanted or set()) | unwanted:
-            if given not in _ALL_COMPONENTS:
-                raise ValueError(f"Unknown state component {given!r}; valid components are "
-                                 f"{list(_ALL_COMPONENTS)}.")
-
-        def selected(name: str) -> bool:
-            if name in unwanted:
-                return False
-            return name in _DEFAULT_COMPONENTS if wanted is None else name in wanted
-
-        state: dict[str, Any] = {"num_env_steps_sampled_lifetime":
-                                 self._metrics.env_steps_lifetime if self._metrics else 0}
-        if selected(COMPONENT_RL_MODULE) and self._params is not None:
-            state[COMPONENT_RL_MODULE] = jax.device_get(self._params)
-            state["weights_seq_no"] = self._weights_seq_no
-        if selected(COMPONENT_ENV_TO_MODULE_CONNECTOR):
-            state[COMPONENT_ENV_TO_MODULE_CONNECTOR] = {}
-        if selected(COMPONENT_MODULE_TO_ENV_CONNECTOR):
-            state[COMPONENT_MODULE_TO_ENV_CONNECTOR] = {}
-        if selected(COMPONENT_CARRY) and self.env is not None:
-            self._ensure_carry()
-            carry, lookback = jax.device_get((_keys_to_data(self._carry), self._lookback))
-            state[COMPONENT_CARRY] = {"carry": carry, "lookback": lookback,
-                                      "needs_reset": self._needs_reset,
-                                      "key_impl": str(jax.random.key_impl(self._carry.key)),
-                                      "metrics": self._metrics.get_state()}
-        return state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restores `get_state()` output. `rl_module` is `{module_id: weights}` (a subset of
-        the modules is fine); weights apply only if `weights_seq_no` is 0 or newer than the
-        runner's. A wrong structure raises `StateStructureError` and changes nothing."""
-        if not isinstance(state, dict):
+    def _load_weights(self, weights: Any) -> dict:
+        """`rl_module` state is `{module_id: weights}`; a subset of the modules is fine."""
+        if not isinstance(weights, dict) or not set(weights) <= set(self.module.module_ids):
+            got = sorted(weights) if isinstance(weights, dict) else type(weights).__name__
             raise StateStructureError(
-                f"set_state expects the dict get_state() returns, got {type(state).__name__}.")
-        unknown = set(state) - _STATE_KEYS
-        if unknown:
-            raise StateStructureError(f"set_state: unknown keys {sorted(unknown)}; expected "
-                                      f"some of {sorted(_STATE_KEYS)}.")
-        for name in (COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR):
-            if name in state and state[name] not in ({}, None):
+                f"set_state: rl_module must be a dict keyed by module ids (a subset of "
+                f"{list(self.module.module_ids)}), got {got}.")
+        new_params = dict(self._params)
+        for module_id, module_weights in weights.items():
+            try:
+                module_weights = self.module[module_id].params_for_inference(module_weights)
+            except (KeyError, TypeError) as error:
                 raise StateStructureError(
-                    f"set_state: {name} carries state {state[name]!r}, but this runner's "
-                    "pipeline has no stateful connectors.")
-        new_params, seq = None, int(state.get("weights_seq_no", 0) or 0)
-        if COMPONENT_RL_MODULE in state and (seq == 0 or seq > self._weights_seq_no):
-            weights = state[COMPONENT_RL_MODULE]
-            if self.module is None:
-                raise ValueError("set_state: this runner has no module to load weights into.")
-            if not isinstance(weights, dict) or not set(weights) <= set(self.module.module_ids):
-                got = sorted(weights) if isinstance(weights, dict) else type(weights).__name__
-                raise StateStructureError(
-                    f"set_state: rl_module must be a dict keyed by module ids (a subset of "
-                    f"{list(self.module.module_ids)}), got {got}.")
-            new_params = dict(self._params)
-            for module_id, module_weights in weights.items():
-                try:
-                    module_weights = self.module[module_id].params_for_inference(module_weights)
-                except (KeyError, TypeError) as error:
-                    raise StateStructureError(
-                        f"set_state: weights of module {module_id!r} do not fit "
-                        f"{type(self.module[module_id]).__name__} ({type(error).__name__}: "
-                        f"{error}).") from error
-                _check_same_structure(self._params[module_id], module_weights,
-                                      f"rl_module weights of {module_id!r}")
-                new_params[module_id] = jax.tree.map(lambda old, new: jnp.asarray(new, old.dtype),
-                                                     self._params[module_id], module_weights)
-        carry_state = state.get(COMPONENT_CARRY)
-        new_carry = None
-        if carry_state is not None:
-            self._ensure_carry()
-            current = jax.device_get((_keys_to_data(self._carry), self._lookback))
-            _check_same_structure(current, (carry_state["carry"], carry_state["lookback"]),
-                                  "env_runner_carry")
-            impl = carry_state.get("key_impl") or jax.random.key_impl(self._carry.key)
-            restored = jax.tree.map(
-                lambda old, new: (jax.random.wrap_key_data(jnp.asarray(new), impl=impl)
-                                  if _is_key(old) else jnp.asarray(new, old.dtype)),
-                self._carry, carry_state["carry"])
-            new_carry = (restored, jax.device_put(carry_state["lookback"]))
-        if new_params is not None:
-            self._params = new_params
-            if seq > 0:
-                self._weights_seq_no = seq
-        if "num_env_steps_sampled_lifetime" in state and self._metrics is not None:
-            self._metrics.env_steps_lifetime = int(state["num_env_steps_sampled_lifetime"])
-            self.num_env_steps_sampled_lifetime = self._metrics.env_steps_lifetime
-        if new_carry is not None:
-            self._carry, self._lookback = new_carry
-            self._needs_reset = bool(carry_state["needs_reset"])
-            self._metrics.set_state(carry_state["metrics"])
+                    f"set_state: weights of module {module_id!r} do not fit "
+                    f"{type(self.module[module_id]).__name__} ({type(error).__name__}: "
+                    f"{error}).") from error
+            check_same_structure(self._params[module_id], module_weights,
+                                 f"rl_module weights of {module_id!r}")
+            new_params[module_id] = jax.tree.map(lambda old, new: jnp.asarray(new, old.dtype),
+                                                 self._params[module_id], module_weights)
+        return new_params
 
     # ------------------------------------------------------------------ the rest
     def get_spaces(self) -> dict[str, tuple]:
@@ -674,28 +418,9 @@ class MultiAgentEnvRunner(EnvRunner):
             spaces[module_id] = (rl_module.observation_space, rl_module.action_space)
         return spaces
 
-    def assert_healthy(self) -> None:
-        if self._stopped:
-            raise AssertionError("The runner was stopped.")
-        if self.env is None or self.module is None:
-            raise AssertionError(
-                f"Runner (worker_index={self.worker_index}) is not healthy: env="
-                f"{self.env_name!r}, module={self.module!r}.")
-
-    def stop(self) -> None:
-        """Releases the carry and compiled functions; safe to call again."""
-        self._stopped = True
-        self._carry = None
-        self._lookback = None
-        self._compiled = {}
-
     @property
     def agent_ids(self) -> tuple[str, ...]:
         return self._agent_ids
-
-    @property
-    def weights_seq_no(self) -> int:
-        return self._weights_seq_no
 
     def __repr__(self) -> str:
         return (f"MultiAgentEnvRunner(env={self.env_name!r}, num_envs={self.num_envs}, "

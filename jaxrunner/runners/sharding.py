@@ -17,9 +17,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 logger = logging.getLogger(__name__)
 
+# Carry fields with a leading sub-env axis, of both layouts' carries (`RolloutCarry`,
+# `MultiAgentCarry`); every other field (keys, metric rings, counters) is replicated.
 _PER_ENV_FIELDS = ("env_state", "obs", "episode_count", "episode_len", "episode_return",
                    "is_first", "prev_action", "prev_reward", "module_state",
-                   "consecutive_failures")
+                   "consecutive_failures", "acting", "agent_done", "pending", "pending_obs",
+                   "pending_action", "pending_extras", "pending_reward", "module_index",
+                   "agent_len", "agent_len_in_call", "agent_return")
 
 
 def make_env_mesh(num_envs: int, enabled: bool = True) -> Mesh | None:

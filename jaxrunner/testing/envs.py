@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -159,3 +161,51 @@ class FlakyEnv(environment.Environment):
 
     def observation_space(self, params=None):
         return self.inner.observation_space(params)
+
+
+def make_flaky_multi_agent_env(inner: Any, period: int = 100, mode: str = "flag"):
+    """Wraps a jaxrunner `MultiAgentEnv`: a step fails when the first agent's observation
+    the step starts from hashes to 0 mod `period` (`FlakyEnv.fails`), so tests can recount
+    failures from the data. `mode="flag"` reports it with `mark_step_failed`; `mode="nan"`
+    returns a NaN observation for the first agent instead (caught by `check_finite`)."""
+    from jaxrunner.core.faults import mark_step_failed
+    from jaxrunner.envs.multi_agent import MultiAgentEnv
+
+    first = inner.agents[0]
+
+    class _Flaky(MultiAgentEnv):
+        agents = inner.agents
+
+        @property
+        def name(self) -> str:
+            return f"Flaky({inner.name})"
+
+        @property
+        def default_params(self):
+            return inner.default_params
+
+        def observation_space(self, agent_id, params=None):
+            return inner.observation_space(agent_id, params)
+
+        def action_space(self, agent_id, params=None):
+            return inner.action_space(agent_id, params)
+
+        def reset_env(self, key, params):
+            obs, state = inner.reset_env(key, params)
+            return obs, (state, obs[first])
+
+        def step_env(self, key, state, actions, params):
+            inner_state, obs_before = state
+            obs, inner_state, rewards, terminateds, truncateds, infos = inner.step_env(
+                key, inner_state, actions, params)
+            failed = FlakyEnv.fails(obs_before, period)
+            if mode == "nan":
+                obs = {**obs, first: jnp.where(failed, jnp.nan, obs[first])}
+            else:
+                infos = mark_step_failed(dict(infos), failed)
+            return obs, (inner_state, obs[first]), rewards, terminateds, truncateds, infos
+
+        def agents_to_act(self, state, params):
+            return inner.agents_to_act(state[0], params)
+
+    return _Flaky()

@@ -1,0 +1,229 @@
+"""THE rollout chunk: `scan_while` over time of a batched step over `B` sub-envs, for any
+agent layout (single-agent is a layout of one agent).
+
+Everything here is pure JAX: no Ray, no host I/O, no Python randomness. A runner jits
+`chunk` once per policy mode and calls it with traced step, episode and agent-step limits,
+so any `sample()` size reuses the same compiled program.
+
+The chunk owns what every layout shares: the key splits, the vmapped reset, the
+auto-reset step (`core.autoreset`), failure detection and per-sub-env recreation
+(`core.faults`), the episode and failure counters, `scan_while` with its limits and
+validity mask, the metric ring write (`core.ring`), the lookback roll and the chunk info.
+The layout (`core.rollout.SingleAgentLayout`, `core.multi_agent_rollout.MultiAgentLayout`)
+supplies only what differs: who acts and how (modules, connectors), its own carry fields
+(pending agent steps, reward accumulation, ...), the compact per-step record and its
+decoding, its extra rings and its lookback.
+
+A chunk runs up to `T = chunk_len` vector steps in a `while_loop`: it stops after
+`num_steps` steps, once `episodes_limit` episodes finished or `agent_steps_limit` agent
+steps completed; the steps not taken hold zeros and are marked invalid (`valid`).
+
+Layout protocol (duck-typed; see the two layouts): attributes `spec` (with the common
+fields `env`, `num_envs`, `chunk_len`, `lookback_len`, `metrics_window`, `check_finite`,
+`autoreset_mode`, `partial_reset_ratio`, `restart_failed_sub_environments`),
+`step_fns` (`autoreset.EnvStepFns`), `counts_agent_steps` (bool), `carry_cls`; methods
+`init_fields`, `reset_fields`, `act`, `outcome`, `after_step`, `record_counts`,
+`begin_chunk`, `decode`, `ring_input`, `after_ring`, `init_lookback`, `roll_lookback`,
+`info_extras`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrunner.core.autoreset import make_env_step
+from jaxrunner.core.carry import ChunkInfo, MetricRegisters
+from jaxrunner.core.faults import recreate_failed, step_failed
+from jaxrunner.core.ring import write_ring
+
+POLICY_MODES = ("explore", "inference", "random")
+
+
+def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
+               keep_going: Callable[[jax.Array, Any], jax.Array]) -> tuple:
+    """A `lax.scan` of `step: state -> (state, record)` over at most `length` steps that
+    stops before the first step where `keep_going(t, state)` is False.
+
+    A `while_loop` writing each record into preallocated `(length, ...)` buffers: no
+    per-step `cond` (whose branch copies and extra kernels cost more than the step itself
+    for small batches) and no work for the steps not taken, whose records stay zeros.
+    `record_shape` is the record pytree of `jax.ShapeDtypeStruct`s. Returns
+    `(steps_taken, state, records)`."""
+    buffers = jax.tree.map(lambda s: jnp.zeros((length,) + tuple(s.shape), s.dtype),
+                           record_shape)
+
+    def cond(loop):
+        t, state, _ = loop
+        return (t < length) & keep_going(t, state)
+
+    def body(loop):
+        t, state, out = loop
+        state, record = step(state)
+        out = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, t, 0),
+                           out, record)
+        return t + 1, state, out
+
+    return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, buffers))
+
+
+@struct.dataclass
+class StepOutcome:
+    """One vector step's env outcome as the layout sees it in `after_step` (`(B, ...)`).
+
+    `reward`, `terminated`, `truncated` are in the layout's own form (single-agent:
+    `(B,)` arrays; multi-agent: dicts keyed by agent id), already cast; a failed
+    sub-env's flags are not yet masked. `all_terminated` / `all_truncated` are the whole
+    episode's flags with failed sub-envs masked out; `ended` = done or failed."""
+
+    next_obs: Any
+    env_state: Any
+    reward: Any
+    terminated: Any
+    truncated: Any
+    final_obs: Any
+    all_terminated: jax.Array  # (B,) bool
+    all_truncated: jax.Array  # (B,) bool
+    failed: jax.Array  # (B,) bool
+    ended: jax.Array  # (B,) bool
+
+
+class ChunkFns(NamedTuple):
+    """The pure functions of a rollout (see `make_chunk_fns`)."""
+
+    init_carry: Callable[..., Any]  # (key, params, env_params) -> carry
+    reset_carry: Callable[..., Any]  # (carry, env_params) -> carry
+    init_lookback: Callable[..., Any]  # (carry, params, env_params) -> lookback
+    chunk: Callable[..., tuple]  # -> (carry, lookback, trajectory, ChunkInfo)
+
+
+def make_chunk_fns(layout: Any) -> ChunkFns:
+    """Builds the pure rollout functions of `layout` (already bound to a policy mode)."""
+    spec = layout.spec
+    env, num_envs = spec.env, spec.num_envs
+    step_fns = layout.step_fns
+    vmapped_reset = jax.vmap(env.reset, in_axes=(0, None))
+    env_step = make_env_step(step_fns, num_envs, spec.autoreset_mode, spec.partial_reset_ratio)
+
+    def reset_all(key: jax.Array, env_params: Any):
+        return vmapped_reset(jax.random.split(key, num_envs), env_params)
+
+    def init_carry(key: jax.Array, params: Any, env_params: Any):
+        key, reset_key, layout_key = jax.random.split(key, 3)
+        obs, env_state = reset_all(reset_key, env_params)
+        return layout.carry_cls(
+            env_state=env_state, obs=obs, key=key,
+            episode_count=jnp.zeros((num_envs,), jnp.int32),
+            episode_len=jnp.zeros((num_envs,), jnp.int32),
+            consecutive_failures=jnp.zeros((num_envs,), jnp.int32),
+            vector_step=jnp.zeros((), jnp.uint32),
+            metrics=MetricRegisters.create(spec.metrics_window),
+            **layout.init_fields(layout_key, obs, env_state, params, env_params))
+
+    def reset_carry(carry: Any, env_params: Any):
+        """Restarts every sub-env; episodes in progress are abandoned (new ids)."""
+        key, reset_key = jax.random.split(carry.key)
+        obs, env_state = reset_all(reset_key, env_params)
+        carry = carry.replace(env_state=env_state, obs=obs, key=key,
+                              episode_count=carry.episode_count + 1,
+                              episode_len=jnp.zeros_like(carry.episode_len))
+        return carry.replace(**layout.reset_fields(carry, env_params))
+
+    def vector_step(carry: Any, params: Any, env_params: Any):
+        key, act_key, step_key = jax.random.split(carry.key, 3)
+        env_actions, acted = layout.act(params, carry, act_key)
+        next_obs, env_state, reward, terminated, truncated, info = env_step(
+            step_key, carry.env_state, env_actions, env_params)
+        final_obs = info.get("final_observation", next_obs)
+        reward, terminated, truncated, all_terminated, all_truncated = layout.outcome(
+            reward, terminated, truncated)
+        failed = step_failed(info, reward, final_obs, num_envs, spec.check_finite)
+        if spec.restart_failed_sub_environments:
+            env_state, next_obs, key = recreate_failed(
+                failed, env_state, next_obs, key, lambda k: reset_all(k, env_params))
+            all_terminated = all_terminated & ~failed
+            all_truncated = all_truncated & ~failed
+        ended = all_terminated | all_truncated | failed  # a failed episode ends, discarded
+        outcome = StepOutcome(next_obs=next_obs, env_state=env_state, reward=reward,
+                              terminated=terminated, truncated=truncated, final_obs=final_obs,
+                              all_terminated=all_terminated, all_truncated=all_truncated,
+                              failed=failed, ended=ended)
+        fields, record = layout.after_step(carry, acted, outcome, env_params)
+        new_carry = carry.replace(
+            env_state=env_state, obs=next_obs, key=key,
+            episode_count=carry.episode_count + ended.astype(jnp.int32),
+            episode_len=jnp.where(ended, 0, carry.episode_len + 1),
+            consecutive_failures=jnp.where(failed, carry.consecutive_failures + 1, 0),
+            vector_step=carry.vector_step + jnp.uint32(1),
+            **fields)
+        return new_carry, record
+
+    def init_lookback(carry: Any, params: Any, env_params: Any):
+        _, record = jax.eval_shape(vector_step, carry, params, env_params)
+        return layout.init_lookback(record)
+
+    def chunk(carry: Any, lookback: Any, params: Any, env_params: Any, num_steps: jax.Array,
+              episodes_limit: jax.Array, agent_steps_limit: jax.Array,
+              call_step_offset: jax.Array):
+        """Runs up to `chunk_len` vector steps; see the module docstring.
+
+        `call_step_offset`: vector steps the current `sample()` call took before this
+        chunk (a failed episode's steps from before the call were already returned, so only
+        the steps within the call count as discarded)."""
+        carry = layout.begin_chunk(carry, call_step_offset)
+        start = carry
+        _, record_shape = jax.eval_shape(vector_step, carry, params, env_params)
+        counts_agents = layout.counts_agent_steps
+
+        def step(loop):
+            c, episodes_done, agent_steps_done = loop
+            c, record = vector_step(c, params, env_params)
+            episodes, agent_steps = layout.record_counts(record)
+            episodes_done = episodes_done + episodes
+            if counts_agents:
+                agent_steps_done = agent_steps_done + agent_steps
+            return (c, episodes_done, agent_steps_done), record.replace(valid=None)
+
+        def keep_going(t, loop):
+            _, episodes_done, agent_steps_done = loop
+            go = (t < num_steps) & (episodes_done < episodes_limit)
+            return go & (agent_steps_done < agent_steps_limit) if counts_agents else go
+
+        zero = jnp.zeros((), jnp.int32)
+        steps_taken, (carry, _, agent_steps_done), records = scan_while(
+            step, (carry, zero, zero), record_shape.replace(valid=None), spec.chunk_len,
+            keep_going)
+        traj = layout.decode(records.replace(
+            valid=jnp.arange(spec.chunk_len, dtype=jnp.int32) < steps_taken), start)
+        steps_in_call = call_step_offset + 1 + jnp.arange(spec.chunk_len, dtype=jnp.int32)
+        update = write_ring(
+            carry.metrics, layout.ring_input(traj), start.vector_step, episodes_limit,
+            start_episode_len=start.episode_len,
+            start_episode_return=getattr(start, "episode_return", None),
+            end_episode_len=carry.episode_len, steps_in_call=steps_in_call)
+        carry = layout.after_ring(carry.replace(metrics=update.registers), traj, start,
+                                  update)
+        lookback = layout.roll_lookback(lookback, traj, steps_taken)
+        failed = traj.failed & traj.valid[:, None]
+        any_failed = jnp.any(failed)
+        first = jnp.argmax(failed.reshape(-1))
+        info = ChunkInfo(num_steps=steps_taken, num_episodes=update.num_counted,
+                         episode_env_steps=update.counted_len,
+                         start_episode_count=start.episode_count,
+                         start_episode_len=start.episode_len,
+                         num_failures=jnp.sum(failed.astype(jnp.int32)),
+                         discarded_env_steps=update.discarded.astype(jnp.int32),
+                         first_failure_step=jnp.where(any_failed, first // num_envs, -1),
+                         first_failure_env=jnp.where(any_failed, first % num_envs, -1),
+                         max_consecutive_failures=jnp.max(carry.consecutive_failures),
+                         **layout.info_extras(start, carry, traj, agent_steps_done))
+        return carry, lookback, traj, info
+
+    return ChunkFns(init_carry=init_carry, reset_carry=reset_carry,
+                    init_lookback=init_lookback, chunk=chunk)
+
+
+__all__ = ["ChunkFns", "POLICY_MODES", "StepOutcome", "make_chunk_fns", "scan_while"]

@@ -1,0 +1,74 @@
+"""Sub-env faults inside the compiled chunk: detection and per-sub-env recreation.
+
+A sub-env fails at a step when its env sets `info[FAILURE_INFO_KEY]` (see
+`mark_step_failed`) or, with `check_finite`, returns a non-finite observation or reward.
+With restarts on, only the failed sub-envs are recreated (fresh reset, fresh key) under
+one scalar `cond`, which costs nothing while no sub-env fails; the layout discards the
+failed episode (for every agent) and the chunk counts it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+FAILURE_INFO_KEY = "env_step_failed"  # set by an env in its step info to report a failure
+
+
+def mark_step_failed(info: dict, failed: Any = True) -> dict:
+    """Returns `info` with the sub-env failure flag set (use inside a jitted env `step`)."""
+    return {**info, FAILURE_INFO_KEY: jnp.asarray(failed, jnp.bool_)}
+
+
+def all_finite(tree: Any) -> jax.Array | None:
+    """(B,) bool: every floating leaf of each sub-env's entry is finite; None if `tree` has
+    no floating leaf."""
+    ok = None
+    for leaf in jax.tree.leaves(tree):
+        leaf = jnp.asarray(leaf)
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            continue
+        leaf_ok = jnp.all(jnp.isfinite(leaf).reshape(leaf.shape[0], -1), axis=-1)
+        ok = leaf_ok if ok is None else ok & leaf_ok
+    return ok
+
+
+def step_failed(info: dict, rewards: Any, final_obs: Any, num_envs: int,
+                check_finite: bool) -> jax.Array:
+    """(B,) bool: the sub-envs that failed at this step (flag, or non-finite rewards or
+    final observations when `check_finite`)."""
+    failed = jnp.broadcast_to(jnp.asarray(info.get(FAILURE_INFO_KEY, False), jnp.bool_),
+                              (num_envs,))
+    if check_finite:
+        finite = all_finite((rewards, final_obs))
+        if finite is not None:
+            failed = failed | ~finite
+    return failed
+
+
+def select_rows(mask: jax.Array, new: Any, old: Any) -> Any:
+    """`new` where `mask` (B,) else `old`, leaf by leaf over a leading `B` axis."""
+    return jax.tree.map(
+        lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (o.ndim - 1)), n, o), new, old)
+
+
+def recreate_failed(failed: jax.Array, env_state: Any, obs: Any, key: jax.Array,
+                    reset: Callable[[jax.Array], tuple[Any, Any]]) -> tuple[Any, Any, jax.Array]:
+    """`(env_state, obs, key)` with the failed sub-envs replaced by fresh resets.
+
+    `reset(key) -> (obs, env_state)` resets all `B` sub-envs; it only runs when a sub-env
+    failed."""
+    def recreate(args):
+        state, observation, k = args
+        k, reset_key = jax.random.split(k)
+        new_obs, new_state = reset(reset_key)
+        return select_rows(failed, new_state, state), select_rows(failed, new_obs,
+                                                                  observation), k
+
+    return jax.lax.cond(jnp.any(failed), recreate, lambda args: args, (env_state, obs, key))
+
+
+__all__ = ["FAILURE_INFO_KEY", "all_finite", "mark_step_failed", "recreate_failed",
+           "select_rows", "step_failed"]

@@ -1,0 +1,635 @@
+"""`CompiledEnvRunner`: the one runner shell over the compiled chunk (`jaxrunner.core.chunk`).
+
+Everything a runner does around the chunk is written here once, for every agent layout:
+seeding, the jit cache (one program per policy mode), size planning, the sampling loop
+(timesteps, episodes, agent steps) with sub-env fault bookkeeping and top-ups, XLA
+runtime-error recreation, sharding over the local devices, `get_state()`/`set_state()`
+(weights, connector states, the carry), health and stop. `SingleAgentEnvRunner` and
+`MultiAgentEnvRunner` fill small hooks: how the env and module are built, the rollout spec
+and layout, how weights are loaded, how the returned batch is assembled and the metrics
+reduced.
+
+No Ray here: object refs in a state are resolved by `jaxrunner.distributed` before they
+reach a runner.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import logging
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrunner.config import RunnerConfig
+from jaxrunner.core.ring import NO_EPISODE_LIMIT
+from jaxrunner.core.faults import FAILURE_INFO_KEY
+from jaxrunner.errors import SampleArgumentError, StateStructureError
+from jaxrunner.runners.env_runner import EnvRunner
+from jaxrunner.runners.sharding import make_env_mesh, replicate, shard_carry
+
+logger = logging.getLogger(__name__)
+
+COMPONENT_RL_MODULE = "rl_module"
+COMPONENT_ENV_TO_MODULE_CONNECTOR = "env_to_module_connector"
+COMPONENT_MODULE_TO_ENV_CONNECTOR = "module_to_env_connector"
+COMPONENT_CARRY = "env_runner_carry"  # jaxrunner: RNG keys + device carry, only when asked
+DEFAULT_COMPONENTS = (COMPONENT_RL_MODULE, COMPONENT_ENV_TO_MODULE_CONNECTOR,
+                      COMPONENT_MODULE_TO_ENV_CONNECTOR)
+ALL_COMPONENTS = DEFAULT_COMPONENTS + (COMPONENT_CARRY,)
+STATE_KEYS = set(ALL_COMPONENTS) | {"weights_seq_no", "num_env_steps_sampled_lifetime"}
+CONNECTOR_COMPONENTS = (COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR)
+# An agent_steps-mode sample() gives up after this many vector steps without any agent
+# step completing (an env whose agents never get an observation nor finish).
+MAX_IDLE_VECTOR_STEPS = 100_000
+
+
+def _as_set(components: Any) -> set[str] | None:
+    if components is None:
+        return None
+    if isinstance(components, str):
+        return {components}
+    return set(components)
+
+
+def _is_key(x: Any) -> bool:
+    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def keys_to_data(tree: Any) -> Any:
+    """`tree` with every typed PRNG key replaced by its raw key data (host-storable)."""
+    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+
+
+def _tree_paths(tree: Any) -> dict[str, tuple]:
+    return {jax.tree_util.keystr(path): (np.shape(leaf), np.result_type(leaf))
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def check_same_structure(expected: Any, given: Any, what: str) -> None:
+    """Raises StateStructureError naming the first paths whose structure/shape differ."""
+    want, got = _tree_paths(expected), _tree_paths(given)
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    wrong = sorted(p for p in set(want) & set(got) if want[p][0] != got[p][0])
+    if missing or extra or wrong:
+        lines = []
+        if missing:
+            lines.append(f"missing entries {missing[:5]}")
+        if extra:
+            lines.append(f"unexpected entries {extra[:5]}")
+        if wrong:
+            lines.append("wrong shapes " + ", ".join(
+                f"{p}: expected {want[p][0]}, got {got[p][0]}" for p in wrong[:5]))
+        raise StateStructureError(
+            f"set_state: the {what} does not fit this runner ({'; '.join(lines)}). Pass a "
+            f"state produced by get_state() of a runner with the same env and module config."
+        )
+
+
+def check_sample_args(num_timesteps, num_episodes, explore, random_actions,
+                      force_reset) -> None:
+    """Raises `SampleArgumentError` for arguments `sample()` cannot take (shared by the
+    runners and `EnvRunnerGroup.sample()`, which checks before sending)."""
+    if num_timesteps is not None and num_episodes is not None:
+        raise SampleArgumentError(
+            "Pass either num_timesteps or num_episodes to sample(), not both "
+            f"(got num_timesteps={num_timesteps}, num_episodes={num_episodes})."
+        )
+    for name, value in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise SampleArgumentError(f"{name} must be an int >= 0, got {value!r}.")
+        if value < 0:
+            raise SampleArgumentError(f"{name} must be >= 0, got {value}.")
+    for name, value in (("random_actions", random_actions), ("force_reset", force_reset)):
+        if not isinstance(value, bool):
+            raise SampleArgumentError(f"{name} must be True or False, got {value!r}.")
+    if explore is not None and not isinstance(explore, bool):
+        raise SampleArgumentError(f"explore must be True, False or None, got {explore!r}.")
+
+
+class CompiledEnvRunner(EnvRunner):
+    """The shared shell of the compiled runners (see the module docstring).
+
+    Subclass hooks: `_init_fields()`, `make_env()`, `make_module()`, `_rollout_fns(mode)`,
+    `_general_metrics()`, `_reduce_metrics()`, `_load_weights(weights)`,
+    `_pipelines()`, `_make_batch(...)`; optionally `_counts_agent_steps()`,
+    `_check_layout_sample_args()`, `_sample_on_host(...)`, `_carry_capturable()`.
+    """
+
+    _id_salt = ""  # keeps single- and multi-agent episode ids of one seed apart
+
+    def __init__(self, *, config: RunnerConfig, worker_index: int | None = None,
+                 num_workers: int | None = None, spaces: dict | None = None, **kwargs: Any):
+        super().__init__(config=config, worker_index=worker_index, num_workers=num_workers,
+                         **kwargs)
+        cfg = self.config
+        if cfg.seed is None:
+            self._seed = None
+            seed_for_key = int.from_bytes(os.urandom(4), "little")
+        else:
+            self._seed = int(cfg.seed + (worker_index or 0) + 1_000_000 * cfg.in_evaluation)
+            seed_for_key = self._seed
+        self._base_key = jax.random.key(seed_for_key)
+        # Episode ids: a per-runner prefix + sub-env index + per-sub-env episode counter.
+        self._id_prefix = hashlib.sha1(
+            f"{self._id_salt}{seed_for_key}-{worker_index}-"
+            f"{os.urandom(8).hex() if cfg.seed is None else ''}".encode()).hexdigest()[:12]
+        self.num_envs = cfg.num_envs_per_env_runner
+        self.spaces = spaces
+        self.env = None
+        self.env_params = None
+        self.env_name: str | None = None
+        self.module = None
+        self._params = None
+        self._weights_seq_no = 0
+        self._carry = None
+        self._lookback = None
+        self._needs_reset = True
+        self._compiled: dict[str, Any] = {}
+        self._stopped = False
+        self._failures_this_call = 0
+        self._mesh = make_env_mesh(self.num_envs, cfg.shard_envs_across_devices)
+        self._init_fields()
+        if (worker_index is None or worker_index > 0 or cfg.create_env_on_local_worker
+                or cfg.num_env_runners == 0):
+            self.make_env()
+        self.make_module()
+
+    # ------------------------------------------------------------------ hooks
+    def _init_fields(self) -> None:
+        """Sets the subclass's own attributes before the env and module are built."""
+
+    @abc.abstractmethod
+    def _rollout_fns(self, mode: str) -> Any:
+        """The pure `ChunkFns` of this runner's layout for policy `mode`."""
+
+    @abc.abstractmethod
+    def _general_metrics(self) -> Any:
+        """The `RunnerMetrics` that counts env steps, failures and sample timers."""
+
+    @abc.abstractmethod
+    def _reduce_metrics(self) -> dict[str, Any]:
+        """RLlib's metrics dict from the device registers (one transfer)."""
+
+    @abc.abstractmethod
+    def _load_weights(self, weights: Any) -> Any:
+        """New params from `state["rl_module"]` (validated; raises StateStructureError)."""
+
+    @abc.abstractmethod
+    def _make_batch(self, chunks: list, infos: list, lookback_at_start: Any,
+                    vector_steps: int, mode: str, num_episodes: int | None,
+                    discarded: int) -> Any:
+        """The batch `sample()` returns."""
+
+    def _pipelines(self) -> list[tuple[str, Any]]:
+        """`(state component name, ConnectorPipeline)` of the carry's `connector_state`."""
+        return []
+
+    def _counts_agent_steps(self) -> bool:
+        """Timestep sizes count completed agent steps instead of env steps."""
+        return False
+
+    def _check_layout_sample_args(self) -> None:
+        """Extra checks before sampling (e.g. a multi-agent env keeps its agents)."""
+
+    def _sample_on_host(self, mode, num_timesteps, num_episodes, force_reset):
+        """A host-stepped env's `(batch, vector_steps, env_steps, discarded)`, or None."""
+        return None
+
+    def _carry_capturable(self) -> None:
+        """Raises if the carry cannot be captured by get_state (host envs)."""
+
+    # ------------------------------------------------------------------ compiled functions
+    def _chunk_len(self) -> int:
+        fragment = self.config.get_rollout_fragment_length(self.worker_index or 0)
+        return max(1, min(fragment, self.config.max_chunk_length))
+
+    def _fns(self, mode: str) -> dict:
+        """The rollout functions for `mode`, jitted once per runner build."""
+        if mode not in self._compiled:
+            fns = self._rollout_fns(mode)
+            self._compiled[mode] = {
+                "init_carry": jax.jit(fns.init_carry),
+                "reset_carry": jax.jit(fns.reset_carry, donate_argnums=(0,)),
+                "init_lookback": jax.jit(fns.init_lookback),
+                "chunk": jax.jit(fns.chunk, donate_argnums=(0,)),
+            }
+        return self._compiled[mode]
+
+    def _ensure_carry(self) -> None:
+        if self._carry is None:
+            fns = self._fns("explore")
+            self._carry = fns["init_carry"](jax.random.fold_in(self._base_key, 2),
+                                            self._params, self.env_params)
+            self._lookback = fns["init_lookback"](self._carry, self._params, self.env_params)
+            self._needs_reset = False
+            self._place_on_devices()
+
+    def _place_on_devices(self) -> None:
+        """Shards the sub-envs over the local devices (see `jaxrunner.runners.sharding`)."""
+        if self._mesh is not None and self._carry is not None:
+            self._carry, self._lookback = shard_carry(self._carry, self._lookback, self._mesh)
+            self._params = replicate(self._params, self._mesh)
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, *, num_timesteps: int | None = None, num_episodes: int | None = None,
+               explore: bool | None = None, random_actions: bool = False,
+               force_reset: bool = False) -> Any:
+        """Samples `num_timesteps` steps or `num_episodes` whole episodes.
+
+        Timestep mode returns between `n` and `n + num_envs - 1` env steps (multi-agent
+        with `count_steps_by="agent_steps"`: completed agent steps, up to
+        `n + num_envs * num_agents - 1`); episodes still running are cut and continue (same
+        id, `t_started` = previous `t`) in the next call. Episode mode resets every sub-env
+        first and returns exactly `k` episodes that started and finished in the call. With
+        neither, `batch_mode` decides: "truncate_episodes" samples
+        `rollout_fragment_length * num_envs` steps, "complete_episodes" `num_envs`
+        episodes. A failed sub-env's episode is discarded and the call tops up to the
+        asked size (with `restart_failed_sub_environments`).
+
+        Args:
+            explore: sample from the action distribution (True) or take its
+                deterministic action (False); None uses `config.explore`.
+            random_actions: sample the action space uniformly, ignoring the module.
+            force_reset: restart every sub-env before sampling.
+        """
+        self._check_sample_args(num_timesteps, num_episodes, explore, random_actions,
+                                force_reset)
+        start_time = time.perf_counter()
+        explore = self.config.explore if explore is None else explore
+        mode = "random" if random_actions else ("explore" if explore else "inference")
+        if num_timesteps is None and num_episodes is None:
+            if self.config.batch_mode == "truncate_episodes":
+                num_timesteps = (self.config.get_rollout_fragment_length(self.worker_index or 0)
+                                 * self.num_envs)
+            else:
+                num_episodes = self.num_envs
+        metrics = self._general_metrics()
+        result = self._sample_on_host(mode, num_timesteps, num_episodes, force_reset)
+        if result is None:
+            fns = self._fns(mode)
+            recreations = 0
+            while True:
+                try:
+                    result = self._sample_chunks(fns, mode, num_timesteps, num_episodes,
+                                                 force_reset)
+                    break
+                except jax.errors.JaxRuntimeError as error:
+                    # The device program itself failed (e.g. an XLA runtime error inside
+                    # the env): the whole vector env is recreated, as RLlib recreates it.
+                    recreations += 1
+                    metrics.env_step_failures_lifetime += 1
+                    self._carry, self._needs_reset = None, True
+                    tolerance = self.config.num_consecutive_sub_env_failures_tolerance
+                    restart = self.config.restart_failed_sub_environments
+                    if not restart or recreations > tolerance:
+                        raise RuntimeError(
+                            f"sample() on runner {self.worker_index} failed with an XLA "
+                            f"runtime error ({error}). "
+                            + ("Set config.fault_tolerance(restart_failed_sub_environments="
+                               "True) to recreate the env and continue." if not restart else
+                               f"It failed {recreations} times in a row "
+                               "(num_consecutive_sub_env_failures_tolerance).")
+                        ) from error
+                    logger.exception("XLA runtime error while sampling; recreating the env.")
+                    self.make_env()
+                    fns = self._fns(mode)
+                    force_reset = True
+        batch, vector_steps, env_steps, discarded = result
+        metrics.record_sample(vector_steps=vector_steps, env_steps=env_steps,
+                              discarded_env_steps=discarded, start_time=start_time,
+                              end_time=time.perf_counter())
+        return batch
+
+    def _sample_chunks(self, fns, mode, num_timesteps, num_episodes, force_reset):
+        """Runs compiled chunks until the call's size is reached; returns the batch and
+        `(vector_steps, env_steps, discarded_env_steps)`."""
+        self._ensure_carry()
+        if num_episodes is not None or force_reset or self._needs_reset:
+            self._carry = fns["reset_carry"](self._carry, self.env_params)
+            self._needs_reset = False
+        self._failures_this_call = 0
+        lookback_at_start = self._lookback
+        chunks, infos = [], []
+        vector_steps, discarded = 0, 0
+        restart = self.config.restart_failed_sub_environments
+        chunk_len = self._chunk_len()
+        if num_episodes is not None:
+            counted, returned_steps = 0, 0
+            while counted < num_episodes:
+                info = self._run_chunk(fns, chunk_len, num_episodes - counted, NO_EPISODE_LIMIT,
+                                       vector_steps, chunks, infos)
+                host = jax.device_get(info)
+                self._book_failures([host], vector_steps)
+                vector_steps += int(host.num_steps)
+                counted += int(host.num_episodes)
+                returned_steps += int(host.episode_env_steps)
+            # Episodes in flight are dropped, as in RLlib; the next call starts fresh.
+            self._needs_reset = True
+            discarded = vector_steps * self.num_envs - returned_steps
+            batch_mode = "episodes"
+        elif self._counts_agent_steps():
+            returned, idle = 0, 0
+            while returned < num_timesteps:
+                limit = min(num_timesteps - returned, int(NO_EPISODE_LIMIT))
+                info = self._run_chunk(fns, chunk_len, NO_EPISODE_LIMIT, limit, vector_steps,
+                                       chunks, infos)
+                steps, completed, failures = (int(x) for x in jax.device_get(
+                    (info.num_steps, info.agent_steps, info.num_failures)))
+                if failures:
+                    host = jax.device_get(info)
+                    discarded += self._book_failures([host], vector_steps)
+                    if restart:
+                        completed -= int(host.discarded_agent_steps)
+                vector_steps += steps
+                returned += completed
+                idle = idle + steps if completed <= 0 else 0
+                if idle >= MAX_IDLE_VECTOR_STEPS:
+                    raise RuntimeError(
+                        f"sample(num_timesteps={num_timesteps}) with count_steps_by="
+                        f"'agent_steps': the env {self.env_name!r} completed no agent step in "
+                        f"{idle} vector steps (no agent got an observation or finished). "
+                        "Check its agents_to_act() and termination, or count env_steps."
+                    )
+            batch_mode = "timesteps"
+        else:
+            returned = 0
+            planned = math.ceil(num_timesteps / self.num_envs)
+            while planned > 0:
+                first_new = len(infos)
+                call_offset = vector_steps
+                while planned > 0:
+                    steps = min(planned, chunk_len)
+                    self._run_chunk(fns, steps, NO_EPISODE_LIMIT, NO_EPISODE_LIMIT,
+                                    vector_steps, chunks, infos)
+                    vector_steps += steps
+                    planned -= steps
+                # One scalar transfer per round; the rest of the chunk infos only when a
+                # sub-env failed.
+                if any(int(n) for n in jax.device_get(
+                        [info.num_failures for info in infos[first_new:]])):
+                    discarded += self._book_failures(jax.device_get(infos[first_new:]),
+                                                     call_offset)
+                returned = vector_steps * self.num_envs - discarded
+                if restart and returned < num_timesteps:
+                    # Failed episodes were discarded: top up to the promised size.
+                    planned = math.ceil((num_timesteps - returned) / self.num_envs)
+            batch_mode = "timesteps"
+        if self._failures_this_call:
+            logger.warning("%d sub-environment step failure(s) on runner %s in this sample() "
+                           "call; the failed sub-environments were recreated and %d env steps "
+                           "of their episodes discarded.", self._failures_this_call,
+                           self.worker_index, discarded)
+        # Wait for the device so timers and episode durations measure the work itself.
+        jax.block_until_ready(self._carry.vector_step)
+        batch = self._make_batch(chunks, infos, lookback_at_start, vector_steps, batch_mode,
+                                 num_episodes, discarded if batch_mode == "timesteps" else 0)
+        return batch, vector_steps, vector_steps * self.num_envs, discarded
+
+    def _run_chunk(self, fns, num_steps: int, episodes_limit, agent_steps_limit,
+                   call_offset: int, chunks: list, infos: list):
+        carry, lookback, traj, info = fns["chunk"](
+            self._carry, self._lookback, self._params, self.env_params, np.int32(num_steps),
+            np.int32(episodes_limit), np.int32(agent_steps_limit), np.int32(call_offset))
+        self._carry, self._lookback = carry, lookback
+        chunks.append(traj)
+        infos.append(info)
+        return info
+
+    def _book_failures(self, host_infos, call_offset: int) -> int:
+        """Counts sub-env failures of finished chunks; raises when recovery is off or a
+        sub-env keeps failing. Returns the env steps discarded with failed episodes."""
+        failures = sum(int(i.num_failures) for i in host_infos)
+        discarded = sum(int(i.discarded_env_steps) for i in host_infos)
+        if failures == 0:
+            return 0
+        self._general_metrics().env_step_failures_lifetime += failures
+        offset = call_offset
+        first_step, first_env = None, None
+        for info in host_infos:
+            if first_step is None and int(info.first_failure_step) >= 0:
+                first_step = offset + int(info.first_failure_step)
+                first_env = int(info.first_failure_env)
+            offset += int(info.num_steps)
+        if not self.config.restart_failed_sub_environments:
+            self._needs_reset = True
+            raise RuntimeError(
+                f"Sub-environment {first_env} of runner {self.worker_index} (env "
+                f"{self.env_name!r}) failed at vector step {first_step} of this sample() call "
+                f"({failures} failed steps in all: the env set info[{FAILURE_INFO_KEY!r}] or, "
+                "with check_finite, returned a non-finite observation or reward). Set "
+                "config.fault_tolerance(restart_failed_sub_environments=True) to recreate "
+                "failed sub-environments and continue; the next sample() starts fresh."
+            )
+        tolerance = self.config.num_consecutive_sub_env_failures_tolerance
+        if max(int(i.max_consecutive_failures) for i in host_infos) > tolerance:
+            self._needs_reset = True
+            raise RuntimeError(
+                f"A sub-environment of runner {self.worker_index} (env {self.env_name!r}) "
+                f"failed more than {tolerance} steps in a row even after being recreated: it "
+                "fails forever. Fix the env, or raise "
+                "config.fault_tolerance(num_consecutive_sub_env_failures_tolerance=...)."
+            )
+        self._failures_this_call += failures
+        return discarded
+
+    def _check_sample_args(self, num_timesteps, num_episodes, explore, random_actions,
+                           force_reset) -> None:
+        if self._stopped:
+            raise RuntimeError("This runner was stopped; create a new one to sample.")
+        check_sample_args(num_timesteps, num_episodes, explore, random_actions, force_reset)
+        if self.env is None:
+            raise ValueError(
+                "This runner has no env: it is the local runner (worker_index=0) of a group "
+                "with remote runners. Sample on the remote runners, or set "
+                "config.env_runners(create_env_on_local_worker=True)."
+            )
+        self._check_layout_sample_args()
+
+    # ------------------------------------------------------------------ metrics
+    def get_metrics(self) -> dict[str, Any]:
+        """RLlib's metric keys for the steps and episodes since the last call.
+
+        Smoothed episode keys (`episode_return_mean`, ...) cover the last
+        `ceil(metrics_num_episodes_for_smoothing / num_env_runners)` finished episodes and
+        are absent until an episode has finished. An episode cut across calls counts once,
+        with its whole length and return; a failed sub-env's episode never counts.
+        """
+        general = self._general_metrics()
+        general.weights_seq_no = self._weights_seq_no
+        metrics = self._reduce_metrics()
+        self.num_env_steps_sampled_lifetime = general.env_steps_lifetime
+        return metrics
+
+    # ------------------------------------------------------------------ state
+    def get_state(self, components: Any = None, *, not_components: Any = None,
+                  inference_only: bool = True, **kwargs: Any) -> dict[str, Any]:
+        """The runner's state as host numpy.
+
+        Components: "rl_module" (weights, with "weights_seq_no"),
+        "env_to_module_connector", "module_to_env_connector" (connector states), and
+        "env_runner_carry" (RNG keys, env states, episode counters, metric registers) only
+        when asked for by name. `num_env_steps_sampled_lifetime` is always included.
+        """
+        wanted = _as_set(components)
+        unwanted = _as_set(not_components) or set()
+        for given in (wanted or set()) | unwanted:
+            if given not in ALL_COMPONENTS:
+                raise ValueError(
+                    f"Unknown state component {given!r}; valid components are "
+                    f"{list(ALL_COMPONENTS)}."
+                )
+
+        def selected(name: str) -> bool:
+            if name in unwanted:
+                return False
+            return name in DEFAULT_COMPONENTS if wanted is None else name in wanted
+
+        general = self._general_metrics()
+        state: dict[str, Any] = {
+            "num_env_steps_sampled_lifetime": general.env_steps_lifetime if general else 0}
+        if selected(COMPONENT_RL_MODULE) and self._params is not None:
+            state[COMPONENT_RL_MODULE] = jax.device_get(self._params)
+            state["weights_seq_no"] = self._weights_seq_no
+        pipelines = dict(self._pipelines())
+        for index, name in enumerate(CONNECTOR_COMPONENTS):
+            if not selected(name):
+                continue
+            if name in pipelines and self.env is not None:
+                self._ensure_carry()
+                state[name] = jax.device_get(
+                    pipelines[name].get_state(self._carry.connector_state[index]))
+            else:
+                state[name] = {}
+        if selected(COMPONENT_CARRY) and self.env is not None:
+            self._carry_capturable()
+            self._ensure_carry()
+            carry, lookback = jax.device_get((keys_to_data(self._carry), self._lookback))
+            state[COMPONENT_CARRY] = {
+                "carry": carry, "lookback": lookback, "needs_reset": self._needs_reset,
+                "key_impl": str(jax.random.key_impl(self._carry.key)),
+                "metrics": self._metrics.get_state(),
+            }
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores `get_state()` output. Weights apply only if `weights_seq_no` is 0 or
+        newer than the runner's; a wrong structure raises `StateStructureError` and leaves
+        the runner as it was."""
+        if not isinstance(state, dict):
+            raise StateStructureError(
+                f"set_state expects the dict get_state() returns, got {type(state).__name__}."
+            )
+        unknown = set(state) - STATE_KEYS
+        if unknown:
+            raise StateStructureError(
+                f"set_state: unknown keys {sorted(unknown)}; expected some of "
+                f"{sorted(STATE_KEYS)}."
+            )
+        pipelines = dict(self._pipelines())
+        for name in CONNECTOR_COMPONENTS:
+            if name in state and state[name] not in ({}, None) and name not in pipelines:
+                raise StateStructureError(
+                    f"set_state: {name} carries state {state[name]!r}, but this runner's "
+                    "pipeline has no stateful connectors.")
+        # Validate everything before changing anything.
+        new_params, seq = None, int(state.get("weights_seq_no", 0) or 0)
+        if COMPONENT_RL_MODULE in state and (seq == 0 or seq > self._weights_seq_no):
+            if self.module is None:
+                raise ValueError("set_state: this runner has no module to load weights into.")
+            new_params = self._load_weights(state[COMPONENT_RL_MODULE])
+        carry_state = state.get(COMPONENT_CARRY)
+        new_carry = None
+        if carry_state is not None:
+            self._carry_capturable()
+            self._ensure_carry()
+            current = jax.device_get((keys_to_data(self._carry), self._lookback))
+            check_same_structure(current, (carry_state["carry"], carry_state["lookback"]),
+                                 "env_runner_carry")
+            impl = carry_state.get("key_impl") or jax.random.key_impl(self._carry.key)
+            restored = jax.tree.map(
+                lambda old, new: (jax.random.wrap_key_data(jnp.asarray(new), impl=impl)
+                                  if _is_key(old) else jnp.asarray(new, old.dtype)),
+                self._carry, carry_state["carry"])
+            new_carry = (restored, jax.device_put(carry_state["lookback"]))
+        connector_updates = {}
+        for index, name in enumerate(CONNECTOR_COMPONENTS):
+            saved = state.get(name)
+            if not saved or name not in pipelines:
+                continue
+            if self.env is None:
+                raise StateStructureError(
+                    f"set_state: this runner has no env, so no {name} to restore.")
+            if not isinstance(saved, dict):
+                raise StateStructureError(
+                    f"set_state: {name} must be the dict get_state() returns, got "
+                    f"{type(saved).__name__}.")
+            self._ensure_carry()
+            base = (new_carry[0] if new_carry is not None else self._carry).connector_state
+            connector_updates[index] = pipelines[name].set_state(base[index], saved)
+        # Apply.
+        if new_params is not None:
+            self._params = new_params
+            if seq > 0:
+                self._weights_seq_no = seq
+        general = self._general_metrics()
+        if "num_env_steps_sampled_lifetime" in state and general is not None:
+            general.env_steps_lifetime = int(state["num_env_steps_sampled_lifetime"])
+            self.num_env_steps_sampled_lifetime = general.env_steps_lifetime
+        if new_carry is not None:
+            self._carry, self._lookback = new_carry
+            self._needs_reset = bool(carry_state["needs_reset"])
+            self._metrics.set_state(carry_state["metrics"])
+        if connector_updates:
+            states = list(self._carry.connector_state)
+            for index, value in connector_updates.items():
+                states[index] = jax.tree.map(jnp.asarray, value)
+            self._carry = self._carry.replace(connector_state=tuple(states))
+        if new_params is not None or new_carry is not None or connector_updates:
+            self._place_on_devices()
+
+    def merge_connector_states(self, states: list[dict]) -> dict:
+        """Combines several runners' connector components (from `get_state`) into one,
+        e.g. mean-std statistics of the union of their samples."""
+        out = {}
+        for name, pipeline in self._pipelines():
+            parts = [s[name] for s in states if s.get(name)]
+            if parts:
+                out[name] = pipeline.merge_states(parts)
+        return out
+
+    # ------------------------------------------------------------------ the rest
+    def assert_healthy(self) -> None:
+        if self._stopped:
+            raise AssertionError("The runner was stopped.")
+        if self.env is None or self.module is None:
+            raise AssertionError(
+                f"Runner (worker_index={self.worker_index}) is not healthy: env="
+                f"{self.env_name!r}, module={type(self.module).__name__ if self.module else None}."
+            )
+
+    def stop(self) -> None:
+        """Releases the carry and compiled functions; safe to call again."""
+        self._stopped = True
+        self._carry = None
+        self._lookback = None
+        self._compiled = {}
+
+    @property
+    def weights_seq_no(self) -> int:
+        return self._weights_seq_no
+
+
+__all__ = ["ALL_COMPONENTS", "COMPONENT_CARRY", "COMPONENT_ENV_TO_MODULE_CONNECTOR",
+           "COMPONENT_MODULE_TO_ENV_CONNECTOR", "COMPONENT_RL_MODULE", "CompiledEnvRunner",
+           "DEFAULT_COMPONENTS", "STATE_KEYS", "check_same_structure", "check_sample_args",
+           "keys_to_data"]
