@@ -11,11 +11,24 @@ Quickstart::
     runner = jaxrunner.SingleAgentEnvRunner(config=config)
     batch = runner.sample(num_timesteps=10_000)
     print(runner.get_metrics()["episode_return_mean"])
+
+`jaxrunner.EnvRunnerGroup` (Ray) is imported on first use, so `import jaxrunner` and a
+local runner need no Ray installed.
 """
+
+import warnings as _warnings
+
+# gymnax (imported below) creates JAX arrays at import, so a JAX backend exists from here
+# on and JAX warns at every fork. `subprocess.Popen` with a `preexec_fn` (how `ray.init()`
+# starts its own processes) runs the fork handlers too, but its child only runs that
+# function and then exec()s a new program: JAX never runs in it. The filter matches only
+# forks made inside `subprocess` (the warning is attributed to its caller); a real
+# `os.fork()` of a process that keeps running still warns.
+_warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning,
+                         module=r"subprocess\Z")
 
 from jaxrunner.compilation_cache import enable_compilation_cache as enable_compilation_cache
 from jaxrunner.config import RunnerConfig as RunnerConfig
-from jaxrunner.distributed.env_runner_group import EnvRunnerGroup as EnvRunnerGroup
 from jaxrunner.envs.context import EnvContext as EnvContext
 from jaxrunner.envs.registry import register_env as register_env
 from jaxrunner.episodes.batch import EpisodeBatch as EpisodeBatch
@@ -34,6 +47,25 @@ from jaxrunner.runners.selection import runner_class_for as runner_class_for
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner as SingleAgentEnvRunner
 
 __version__ = "0.1.0"
+
+_LAZY = {"EnvRunnerGroup": "jaxrunner.distributed.env_runner_group"}
+
+
+def __getattr__(name: str):
+    """`EnvRunnerGroup` on first access (it imports Ray; see `jaxrunner.distributed`)."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'jaxrunner' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "DefaultMLPModule",
