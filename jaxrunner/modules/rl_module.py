@@ -151,6 +151,12 @@ class _MLP(nn.Module):
                         kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
 
 
+# Every `model_config` key `DefaultMLPModule` reads. With the default module, `RunnerConfig`
+# rejects any other key: it would be ignored silently (a misspelt `fcnet_hidden` would build
+# the default 256x256 net). A custom module receives whatever keys it is given.
+DEFAULT_MLP_MODEL_CONFIG_KEYS = ("fcnet_hiddens", "fcnet_activation")
+
+
 class DefaultMLPModule(RLModule):
     """RLlib's default PPO module layout: an MLP policy net and, unless `inference_only`,
     a separate MLP value net.
