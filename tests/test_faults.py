@@ -107,7 +107,7 @@ def test_env_that_fails_forever_stops_with_a_clear_error():
         runner.sample(num_timesteps=640)
 
 
-def test_fault_check_does_not_recompile_or_change_clean_runs():
+def test_fault_check_does_not_change_clean_runs():
     clean = jr.SingleAgentEnvRunner(config=_config().environment("CartPole-v1"))
     unchecked = jr.SingleAgentEnvRunner(config=_config(check_finite=False).environment(
         "CartPole-v1"))
@@ -116,6 +116,34 @@ def test_fault_check_does_not_recompile_or_change_clean_runs():
     np.testing.assert_array_equal(a.obs, b.obs)
     np.testing.assert_array_equal(a.actions, b.actions)
     assert not a.failed.any()
+
+
+@pytest.mark.parametrize("mode", ["flag", "nan"])
+def test_failures_and_recreation_compile_nothing_after_the_first_calls(mode, compile_counter):
+    """Failure checks, recreation of failed sub-envs and the top-up to the asked size run
+    inside the compiled program: once a timestep call and an episode call have run, calls
+    with failures in them compile nothing (the `jax_log_compiles` counter stays at 0)."""
+    num_envs = 16
+    runner = jr.SingleAgentEnvRunner(config=_config(mode, num_envs=num_envs))
+    runner.sample(num_timesteps=1600)  # 100 vector steps: about 16 failures recovered
+    runner.sample(num_episodes=4)
+    failures_before = runner.get_metrics()["num_env_step_failures"]
+    assert failures_before > 0, "the warm-up should already have recovered failures"
+    assert compile_counter.count > 0  # the first calls compiled: the counter is listening
+    compile_counter.reset()
+    returned = 0
+    for n in (1, 37, 800, 1600, 2500):
+        batch = runner.sample(num_timesteps=n)
+        assert n <= batch.env_steps == sum(len(e) for e in batch)
+        returned += batch.env_steps
+    for k in (1, 6):
+        assert len(runner.sample(num_episodes=k)) == k
+    metrics = runner.get_metrics()
+    # Failures happened after the first calls, so the recovery path ran without compiling.
+    assert metrics["num_env_step_failures"] > failures_before
+    assert metrics["num_env_steps_discarded"] > 0
+    assert returned > 0
+    assert compile_counter.count == 0, "\n".join(compile_counter.messages)
 
 
 def test_mark_step_failed_helper_sets_the_documented_key():
