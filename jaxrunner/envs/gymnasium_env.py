@@ -30,6 +30,7 @@ import gymnasium as gym
 
 from jaxrunner.envs import registry
 from jaxrunner.envs.context import EnvContext
+from jaxrunner.envs.kind import SINGLE_AGENT, check_env_kind
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +181,11 @@ def _instance_source(env: Any, num_envs: int) -> HostEnvSource:
 def resolve_env(env_spec: Any, context: EnvContext, num_envs: int
                 ) -> tuple[str, Any]:
     """Resolves `config.env` to `("host", HostEnvSource)` or
-    `("jax", (env, env_params, name))`.
+    `("jax", (env, env_params, name))` for `SingleAgentEnvRunner`.
+
+    A multi-agent env is a `TypeError` naming `MultiAgentEnvRunner` and
+    `runner_class_for` (`jaxrunner.envs.kind.check_env_kind`); a compiled env is checked
+    with `registry.check_jax_env`.
 
     Creators are called once here (their result is reused); exceptions they raise come
     out as `EnvCreationError`.
@@ -206,10 +211,12 @@ def resolve_env(env_spec: Any, context: EnvContext, num_envs: int
         env, params = registry._as_env_and_params(result, origin)
         if not isinstance(env_spec, str):
             name = getattr(env, "name", type(env).__name__)
+        check_env_kind(env, SINGLE_AGENT, name)
         registry.check_jax_env(env, params, name)
         return "jax", (env, params, name)
     try:
         env, params, name = registry.make_jax_env(env_spec, context)
+        check_env_kind(env, SINGLE_AGENT, name)
         registry.check_jax_env(env, params, name)
         return "jax", (env, params, name)
     except registry.UnknownEnvError as error:
