@@ -16,17 +16,6 @@ Quickstart::
 local runner need no Ray installed.
 """
 
-import warnings as _warnings
-
-# gymnax (imported below) creates JAX arrays at import, so a JAX backend exists from here
-# on and JAX warns at every fork. `subprocess.Popen` with a `preexec_fn` (how `ray.init()`
-# starts its own processes) runs the fork handlers too, but its child only runs that
-# function and then exec()s a new program: JAX never runs in it. The filter matches only
-# forks made inside `subprocess` (the warning is attributed to its caller); a real
-# `os.fork()` of a process that keeps running still warns.
-_warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning,
-                         module=r"subprocess\Z")
-
 from jaxrunner.compilation_cache import enable_compilation_cache as enable_compilation_cache
 from jaxrunner.config import RunnerConfig as RunnerConfig
 from jaxrunner.envs.context import EnvContext as EnvContext
@@ -37,6 +26,7 @@ from jaxrunner.episodes.single_agent_episode import SingleAgentEpisode as Single
 from jaxrunner.errors import SampleArgumentError as SampleArgumentError
 from jaxrunner.errors import StateStructureError as StateStructureError
 from jaxrunner.errors import StepFailedRecreateEnvError as StepFailedRecreateEnvError
+from jaxrunner.fork_warning import ignore_subprocess_fork_warning as _ignore_fork_warning
 from jaxrunner.modules.multi_rl_module import MultiRLModule as MultiRLModule
 from jaxrunner.modules.rl_module import DefaultMLPModule as DefaultMLPModule
 from jaxrunner.modules.rl_module import RLModule as RLModule
@@ -47,6 +37,10 @@ from jaxrunner.runners.selection import runner_class_for as runner_class_for
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner as SingleAgentEnvRunner
 
 __version__ = "0.1.0"
+
+# Ray's ray.init() forks (and exec()s) through subprocess after gymnax, imported above, has
+# started a JAX backend: see jaxrunner.fork_warning.
+_ignore_fork_warning()
 
 _LAZY = {"EnvRunnerGroup": "jaxrunner.distributed.env_runner_group"}
 

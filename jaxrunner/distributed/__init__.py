@@ -18,9 +18,10 @@ except ImportError as _error:
 
 from jaxrunner.distributed.actor_manager import EnvRunnerFailedError as EnvRunnerFailedError
 from jaxrunner.distributed.env_runner_group import EnvRunnerGroup as EnvRunnerGroup
+from jaxrunner.distributed.env_runner_group import init_ray as init_ray
 from jaxrunner.distributed.remote_runner import RemoteEnvRunner as RemoteEnvRunner
 from jaxrunner.distributed.remote_runner import RunnerNotRestoredError as RunnerNotRestoredError
 from jaxrunner.distributed.sample_args import check_sample_args as check_sample_args
 
 __all__ = ["EnvRunnerFailedError", "EnvRunnerGroup", "RemoteEnvRunner",
-           "RunnerNotRestoredError", "check_sample_args"]
+           "RunnerNotRestoredError", "check_sample_args", "init_ray"]

@@ -48,6 +48,7 @@ from jaxrunner.distributed.sample_args import check_sample_args
 from jaxrunner.envs import registry
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.gymnasium_env import GYMNASIUM_PREFIX, resolve_env
+from jaxrunner.fork_warning import ignore_subprocess_fork_warning
 from jaxrunner.metrics import keys
 from jaxrunner.runners.env_runner import EnvRunner
 from jaxrunner.runners.selection import runner_class_for
@@ -82,8 +83,7 @@ def init_ray(**kwargs: Any) -> None:
     raised from inside `subprocess` are silenced, for this call only.
     """
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
-                                category=RuntimeWarning, module=r"subprocess\Z")
+        ignore_subprocess_fork_warning()
         ray.init(**kwargs)
 
 
@@ -460,18 +460,29 @@ class EnvRunnerGroup:
         self._weights_seq_no = max(self._weights_seq_no, seq)
         if not self._has_remote:
             return seq
-        self._weights_ref = ray.put(state)
+        # What was sent may be some of the modules only: a restarted runner gets every
+        # module's current weights instead (`_restore_weights_ref`, built when needed).
+        self._weights_ref = None
+        ref = ray.put(state)
         ids = [i for i in (self._manager.ids() if targets is None else targets)
                if self._manager.slots[i].healthy]
         if timeout == 0.0:
             for worker_index in ids:
                 slot = self._manager.slots[worker_index]
-                self._manager.submit_later(worker_index,
-                                           slot.actor.set_state.remote(self._weights_ref))
+                self._manager.submit_later(worker_index, slot.actor.set_state.remote(ref))
         else:
-            self._manager.call(ids, lambda slot: slot.actor.set_state.remote(self._weights_ref),
+            self._manager.call(ids, lambda slot: slot.actor.set_state.remote(ref),
                                timeout_s=timeout)
         return seq
+
+    def _restore_weights_ref(self) -> Any:
+        """One object with the weights of every module as the local runner holds them now
+        (it applied every `sync_weights`), with the group's `weights_seq_no`."""
+        if self._weights_ref is None:
+            weights = self._local.get_state(components="rl_module")["rl_module"]
+            self._weights_ref = ray.put({"rl_module": weights,
+                                         "weights_seq_no": self._weights_seq_no})
+        return self._weights_ref
 
     def _weights_from(self, params: Any, source: Any) -> Any:
         if params is not None:
@@ -602,7 +613,8 @@ class EnvRunnerGroup:
             slot = self._manager.slots[worker_index]
             state = {**self._connector_states, _LIFETIME: slot.lifetime_env_steps}
             try:
-                refs[slot.actor.restore.remote(self._weights_ref, state)] = worker_index
+                refs[slot.actor.restore.remote(self._restore_weights_ref(),
+                                               state)] = worker_index
             except RayActorError as error:
                 self._manager.book_restore_failure(worker_index, error)
         ready, not_ready = ray.wait(list(refs), num_returns=len(refs),
@@ -708,4 +720,4 @@ class EnvRunnerGroup:
                 f"healthy={self.healthy_env_runner_ids()}, stopped={self._stopped})")
 
 
-__all__ = ["EnvRunnerGroup"]
+__all__ = ["EnvRunnerGroup", "init_ray"]
