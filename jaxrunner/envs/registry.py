@@ -5,7 +5,12 @@
 1. a name given to `register_env(name, creator)`;
 2. a callable `creator(env_context) -> (env, env_params)`;
 3. a gymnax `Environment` instance (its `default_params` are used);
-4. a gymnax id such as "CartPole-v1". Its `env_config` keys are the env's `EnvParams`
+4. `"<suite>/<id>"` for the JAX env suites (`"brax/ant"`, `"craftax/Craftax-Symbolic-v1"`,
+   `"jumanji/Snake-v1"`, `"navix/<id>"`, `"xminigrid/<id>"`, `"pgx/<id>"`,
+   `"playground/<name>"`), `env_config` going to the suite's own constructor; env objects
+   of those suites (given directly or by a creator) and envs with gymnax's pre-1.0 step API
+   are adapted to the env protocol (`jaxrunner.envs.adapters`);
+5. a gymnax id such as "CartPole-v1". Its `env_config` keys are the env's `EnvParams`
    fields (e.g. `{"max_steps_in_episode": 100}`, set on `env.default_params` with
    `.replace`) and its constructor's keyword arguments (e.g. `{"use_minimal_action_set":
    False}` for MinAtar); a key that is neither is a `ValueError` listing both and the
@@ -88,6 +93,9 @@ def _as_env_and_params(result: Any, origin: str) -> tuple[Any, Any]:
             f"instance: `return {env.__name__}()` (or `env = {env.__name__}(); return env, "
             "env.default_params`)."
         )
+    from jaxrunner.envs import adapters  # env suites (Brax, Jumanji, pgx, ...), pre-1.0 gymnax
+
+    env, params = adapters.adapt(env, params)
     if not (hasattr(env, "reset") and hasattr(env, "step")):
         raise TypeError(
             f"{origin} returned {type(env).__name__}, which is not a gymnax-style env: "
@@ -113,6 +121,11 @@ def make_jax_env(env_spec: Any, env_context: EnvContext) -> tuple[Any, Any, str]
             env, params = _as_env_and_params(_REGISTRY[env_spec](env_context),
                                              f"the creator registered as {env_spec!r}")
             return env, params, env_spec
+        from jaxrunner.envs import adapters
+
+        if adapters.suite_prefix_of(env_spec) is not None:  # "brax/ant", "pgx/chess", ...
+            env, params = adapters.make_suite_env(env_spec, env_context)
+            return env, params, env_spec
         ids = gymnax_env_ids(runnable_only=False)
         if env_spec in _NEEDS_DOWNLOAD:
             raise ValueError(
@@ -131,7 +144,11 @@ def make_jax_env(env_spec: Any, env_context: EnvContext) -> tuple[Any, Any, str]
             f"jaxrunner.register_env nor a gymnax id.{hint} Run `jaxrunner envs` to list "
             "every env id."
         )
-    if hasattr(env_spec, "step") and hasattr(env_spec, "reset") and not isinstance(env_spec, type):
+    from jaxrunner.envs import adapters
+
+    if not isinstance(env_spec, type) and (
+            (hasattr(env_spec, "step") and hasattr(env_spec, "reset"))
+            or adapters.suite_of_object(env_spec) is not None):
         env, params = _as_env_and_params(env_spec, "config.env")
         return env, params, getattr(env, "name", type(env).__name__)
     if callable(env_spec):
