@@ -97,6 +97,23 @@ def test_group__bad_input_is_a_clear_error(local_group):
     assert not ray.is_initialized()
 
 
+def test_group__of_multi_agent_runners_takes_jaxmarl_ids():
+    pytest.importorskip("jaxmarl")
+    config = (jaxrunner.RunnerConfig().environment("jaxmarl/MPE_simple_spread_v3")
+              .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=30)
+              .rl_module(model_config={"fcnet_hiddens": [8]})
+              .multi_agent(policies={"shared"}).debugging(seed=0))
+    with EnvRunnerGroup(config=config) as group:
+        assert isinstance(group.local_env_runner, jaxrunner.MultiAgentEnvRunner)
+        (batch,) = group.sample()
+        assert sum(len(e) for e in batch) == 60
+        metrics = group.get_metrics()
+        assert set(metrics["agent_episode_return_mean"]) == {"agent_0", "agent_1", "agent_2"}
+        assert metrics["module_episode_return_mean"].keys() == {"shared"}
+        assert metrics["num_module_steps_sampled_lifetime"] == {
+            "shared": sum(e.agent_steps() for e in batch)}
+
+
 def test_group__stop_is_idempotent():
     group = EnvRunnerGroup(config=small_config())
     group.stop()

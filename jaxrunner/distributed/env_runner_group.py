@@ -48,6 +48,7 @@ from jaxrunner.distributed.sample_args import check_sample_args
 from jaxrunner.envs import registry
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.gymnasium_env import GYMNASIUM_PREFIX, resolve_env
+from jaxrunner.envs.multi_agent import JAXMARL_PREFIX
 from jaxrunner.fork_warning import ignore_subprocess_fork_warning
 from jaxrunner.metrics import keys
 from jaxrunner.runners.env_runner import EnvRunner
@@ -114,6 +115,8 @@ def _check_env_name(config: RunnerConfig) -> None:
         # A host (gymnasium) env: the id must be registered (resolving raises if not; the
         # vector env itself is only built by the runners).
         resolve_env(env, EnvContext(config.env_config), 1)
+    elif isinstance(env, str) and env.startswith(JAXMARL_PREFIX):
+        pass  # a JaxMARL id: only the multi-agent runners resolve these (import jaxmarl)
     elif (isinstance(env, str) and env not in registry.registered_env_names()
             and env not in registry.gymnax_env_ids(runnable_only=False)):
         registry.make_jax_env(env, EnvContext(config.env_config))  # raises the usual error
