@@ -11,11 +11,13 @@ Quickstart::
     runner = jaxrunner.SingleAgentEnvRunner(config=config)
     batch = runner.sample(num_timesteps=10_000)
     print(runner.get_metrics()["episode_return_mean"])
+
+`jaxrunner.EnvRunnerGroup` (Ray) is imported on first use, so `import jaxrunner` and a
+local runner need no Ray installed.
 """
 
 from jaxrunner.compilation_cache import enable_compilation_cache as enable_compilation_cache
 from jaxrunner.config import RunnerConfig as RunnerConfig
-from jaxrunner.distributed.env_runner_group import EnvRunnerGroup as EnvRunnerGroup
 from jaxrunner.envs.context import EnvContext as EnvContext
 from jaxrunner.envs.registry import register_env as register_env
 from jaxrunner.episodes.batch import EpisodeBatch as EpisodeBatch
@@ -24,6 +26,7 @@ from jaxrunner.episodes.single_agent_episode import SingleAgentEpisode as Single
 from jaxrunner.errors import SampleArgumentError as SampleArgumentError
 from jaxrunner.errors import StateStructureError as StateStructureError
 from jaxrunner.errors import StepFailedRecreateEnvError as StepFailedRecreateEnvError
+from jaxrunner.fork_warning import ignore_subprocess_fork_warning as _ignore_fork_warning
 from jaxrunner.modules.multi_rl_module import MultiRLModule as MultiRLModule
 from jaxrunner.modules.rl_module import DefaultMLPModule as DefaultMLPModule
 from jaxrunner.modules.rl_module import RLModule as RLModule
@@ -34,6 +37,29 @@ from jaxrunner.runners.selection import runner_class_for as runner_class_for
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner as SingleAgentEnvRunner
 
 __version__ = "0.1.0"
+
+# Ray's ray.init() forks (and exec()s) through subprocess after gymnax, imported above, has
+# started a JAX backend: see jaxrunner.fork_warning.
+_ignore_fork_warning()
+
+_LAZY = {"EnvRunnerGroup": "jaxrunner.distributed.env_runner_group"}
+
+
+def __getattr__(name: str):
+    """`EnvRunnerGroup` on first access (it imports Ray; see `jaxrunner.distributed`)."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'jaxrunner' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "DefaultMLPModule",

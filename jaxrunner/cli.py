@@ -2,7 +2,8 @@
 
     jaxrunner sample --env CartPole-v1 --num-envs 1024 --timesteps 1000000
     jaxrunner sample --env CartPole-v1 --num-envs 256 --runners 2 --timesteps 1000000
-    jaxrunner envs
+    jaxrunner sample --env TicTacToe-v0 --num-envs 256 --timesteps 100000
+    jaxrunner envs                                # full ids; --json for a JSON list
     jaxrunner bench --num-envs 1024 4096          # writes throughput.json and .png
 
 Bad arguments print one line and exit with code 2 (never a traceback).
@@ -55,42 +56,73 @@ def _hiddens(text: str) -> list[int]:
     return widths
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends each option with its default (none for flags and unset options)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default is not None and default is not False and default != argparse.SUPPRESS
+                and "(default" not in text and action.option_strings):
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog="jaxrunner",
                              description="Compiled RLlib-style env runners on JAX.")
     sub = parser.add_subparsers(dest="command", parser_class=_ArgumentParser)
 
-    sample = sub.add_parser("sample", help="sample an env with the default MLP policy")
-    sample.add_argument("--env", default="CartPole-v1", help="gymnax id or registered name")
-    sample.add_argument("--num-envs", type=_positive_int, default=1024)
+    sample = sub.add_parser(
+        "sample", formatter_class=_DefaultsFormatter,
+        help="sample an env with the default MLP policy",
+        description="Sample an env with the default MLP policy (a multi-agent env such as "
+                    "TicTacToe-v0 or MultiAgentCartPole-v1 with one module shared by all "
+                    "agents) and print RLlib's metrics.")
+    sample.add_argument("--env", default="CartPole-v1",
+                        help="gymnax id, registered name, multi-agent name or "
+                             "gymnasium:<id> (see `jaxrunner envs`)")
+    sample.add_argument("--num-envs", type=_positive_int, default=1024,
+                        help="sub-envs per runner (num_envs_per_env_runner)")
     size = sample.add_mutually_exclusive_group()
-    size.add_argument("--timesteps", type=_positive_int, help="env steps to sample in all")
+    size.add_argument("--timesteps", type=_positive_int,
+                      help="env steps to sample in all (default: one fragment per runner)")
     size.add_argument("--episodes", type=_positive_int, help="episodes to sample in all")
     sample.add_argument("--fragment", type=_positive_int, default=200,
                         help="rollout_fragment_length: vector steps per sample() call")
     sample.add_argument("--runners", type=_nonnegative_int, default=0,
                         help="remote runners on Ray, each with --num-envs sub-envs "
                              "(0: sample in this process)")
-    sample.add_argument("--seed", type=int, default=0)
-    sample.add_argument("--hiddens", type=_hiddens, default=[64, 64],
+    sample.add_argument("--seed", type=int, default=0, help="config.debugging(seed=...)")
+    sample.add_argument("--hiddens", type=_hiddens, default="64,64",
                         help="MLP layer widths, e.g. 64,64")
-    sample.add_argument("--random-actions", action="store_true")
+    sample.add_argument("--random-actions", action="store_true",
+                        help="sample the action space instead of the module")
     sample.add_argument("--no-explore", action="store_true", help="take greedy actions")
     sample.add_argument("--json", action="store_true",
                         help="print the final metrics as JSON (no progress bar)")
     sample.add_argument("--compile-cache", metavar="DIR", nargs="?", const="",
                         default=None,
-                        help="keep compiled programs in DIR (default ~/.cache/jaxrunner/xla) "
-                             "so the next run starts without compiling")
+                        help="keep compiled programs in DIR (~/.cache/jaxrunner/xla if "
+                             "given without DIR) so the next run starts without compiling")
 
-    sub.add_parser("envs", help="list every env id jaxrunner can run, with its spaces")
+    envs = sub.add_parser("envs", formatter_class=_DefaultsFormatter,
+                          help="list every env id jaxrunner can run, with its spaces")
+    envs.add_argument("--json", action="store_true",
+                      help="print a JSON list of {id, source, kind, observation_space, "
+                           "action_space}")
 
-    bench = sub.add_parser("bench", help="throughput vs a bare lax.scan; writes JSON")
-    bench.add_argument("--env", default="CartPole-v1")
-    bench.add_argument("--num-envs", type=_positive_int, nargs="+", default=[1024, 4096])
-    bench.add_argument("--num-steps", type=_positive_int, default=128)
-    bench.add_argument("--rounds", type=_positive_int, default=10)
-    bench.add_argument("--random-actions", action="store_true")
+    bench = sub.add_parser("bench", formatter_class=_DefaultsFormatter,
+                           help="throughput vs a bare lax.scan; writes JSON")
+    bench.add_argument("--env", default="CartPole-v1", help="gymnax id")
+    bench.add_argument("--num-envs", type=_positive_int, nargs="+", default=[1024, 4096],
+                       help="sub-env counts to measure (default: 1024 4096)")
+    bench.add_argument("--num-steps", type=_positive_int, default=128,
+                       help="vector steps per sample() call")
+    bench.add_argument("--rounds", type=_positive_int, default=10,
+                       help="alternating measurement rounds per num_envs")
+    bench.add_argument("--random-actions", action="store_true",
+                       help="sample the action space instead of the MLP policy")
     bench.add_argument("--output", default="throughput.json", help="JSON results file")
     bench.add_argument("--plot", default=None,
                        help="PNG plot of env steps/s (default: --output with .png)")
@@ -124,12 +156,19 @@ def _as_list(batches: Any) -> list:
     return batches if isinstance(batches, list) else [batches]
 
 
-def _make_sampler(args: argparse.Namespace):
-    """A `SingleAgentEnvRunner`, or an `EnvRunnerGroup` with `--runners` remote runners."""
-    import jaxrunner
+SHARED_MODULE_ID = "shared_policy"
 
-    if args.compile_cache is not None:
-        jaxrunner.enable_compilation_cache(args.compile_cache or None)
+
+def _share_one_module(agent_id: str, episode: Any) -> str:
+    return SHARED_MODULE_ID
+
+
+def _make_config(args: argparse.Namespace):
+    """The run's `RunnerConfig`; a multi-agent env gets one module shared by all agents."""
+    import jaxrunner
+    from jaxrunner.envs.kind import MULTI_AGENT
+    from jaxrunner.runners.selection import env_kind
+
     config = (jaxrunner.RunnerConfig()
               .environment(args.env)
               .env_runners(num_envs_per_env_runner=args.num_envs,
@@ -141,8 +180,22 @@ def _make_sampler(args: argparse.Namespace):
                            sample_timeout_s=None)
               .rl_module(model_config={"fcnet_hiddens": args.hiddens})
               .debugging(seed=args.seed))
+    if env_kind(config) == MULTI_AGENT:
+        config = config.multi_agent(policies={SHARED_MODULE_ID},
+                                    policy_mapping_fn=_share_one_module)
+    return config
+
+
+def _make_sampler(args: argparse.Namespace):
+    """The runner class for the env (`runner_class_for`), or an `EnvRunnerGroup` with
+    `--runners` remote runners."""
+    import jaxrunner
+
+    if args.compile_cache is not None:
+        jaxrunner.enable_compilation_cache(args.compile_cache or None)
+    config = _make_config(args)
     if not args.runners:
-        return jaxrunner.SingleAgentEnvRunner(config=config)
+        return jaxrunner.runner_class_for(config)(config=config)
     import logging
 
     import ray
@@ -218,22 +271,90 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_envs(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from jaxrunner.envs.registry import gymnax_env_ids, make_jax_env, registered_env_names
-    from jaxrunner.envs.context import EnvContext
+def _space_text(space: Any) -> str:
     from jaxrunner.envs.spaces import to_gymnasium
 
-    table = Table(title="envs jaxrunner can run")
-    for column in ("env id", "source", "observation space", "action space"):
-        table.add_column(column)
+    return str(to_gymnasium(space))
+
+
+def _short_space(text: str) -> str:
+    """`Box(low, high, shape, dtype)` as `Box(shape, dtype)`: the bounds make a table
+    unreadable; `--json` keeps them."""
+    if text.startswith("Box(") and text.endswith(")"):
+        inner = text[4:-1]
+        shape_at = inner.rfind("(")
+        if shape_at > 0:
+            return "Box(" + inner[shape_at:] + ")"
+    return text
+
+
+def _short_spaces(text: str) -> str:
+    """A row's space text for the table: bounds dropped; a multi-agent env whose agents
+    all have the same space shows it once."""
+    parts = text.split("; ")
+    if len(parts) == 1 and ": " not in text.split("(")[0]:  # a single-agent env's space
+        return _short_space(text)
+    spaces = [part.partition(": ")[2] for part in parts]
+    if len(set(spaces)) == 1:
+        return f"each agent: {_short_space(spaces[0])}"
+    return "; ".join(f"{part.partition(': ')[0]}: {_short_space(space)}"
+                     for part, space in zip(parts, spaces))
+
+
+def env_rows() -> list[dict[str, str]]:
+    """Every env id `jaxrunner sample --env` takes, with its source, kind and spaces
+    (a multi-agent env's spaces per agent, `agent: space; ...`)."""
+    import jaxrunner.envs.multi_agent  # noqa: F401 - registers the built-in names
+    from jaxrunner.envs.context import EnvContext
+    from jaxrunner.envs.kind import MULTI_AGENT, env_kind_of
+    from jaxrunner.envs.registry import gymnax_env_ids, make_jax_env, registered_env_names
+
+    rows = []
     for name, source in ([(n, "register_env") for n in registered_env_names()]
                          + [(n, "gymnax") for n in gymnax_env_ids()]):
         env, params, _ = make_jax_env(name, EnvContext())
-        table.add_row(name, source, str(to_gymnasium(env.observation_space(params))),
-                      str(to_gymnasium(env.action_space(params))))
+        kind = env_kind_of(env)
+        if kind == MULTI_AGENT:
+            obs = "; ".join(f"{a}: {_space_text(env.observation_space(a, params))}"
+                            for a in env.agents)
+            act = "; ".join(f"{a}: {_space_text(env.action_space(a, params))}"
+                            for a in env.agents)
+        else:
+            obs = _space_text(env.observation_space(params))
+            act = _space_text(env.action_space(params))
+        rows.append({"id": name, "source": source, "kind": kind,
+                     "observation_space": obs, "action_space": act})
+    return rows
+
+
+_ENV_COLUMNS = ("id", "source", "kind", "observation_space", "action_space")
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    rows = env_rows()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not sys.stdout.isatty():
+        # Piped: one tab-separated line per env, nothing cut to a terminal width.
+        print("\t".join(_ENV_COLUMNS))
+        for row in rows:
+            print("\t".join(_short_spaces(row[c]) if c.endswith("space") else row[c]
+                            for c in _ENV_COLUMNS))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="envs jaxrunner can run")
+    # Ids are never cut; long spaces wrap inside their cells.
+    table.add_column("env id", no_wrap=True, min_width=max(len(r["id"]) for r in rows))
+    table.add_column("source", no_wrap=True)
+    table.add_column("kind", no_wrap=True)  # single_agent / multi_agent
+    table.add_column("observation space", overflow="fold")
+    table.add_column("action space", overflow="fold")
+    for row in rows:
+        table.add_row(*(_short_spaces(row[c]) if c.endswith("space") else row[c]
+                        for c in _ENV_COLUMNS))
     Console().print(table)
     return 0
 
@@ -294,12 +415,35 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     try:
         results = run_throughput(env_id=args.env, num_envs_list=args.num_envs,
                                  num_steps=args.num_steps, random_actions=args.random_actions,
-                                 rounds=args.rounds, output=args.output)
+                                 rounds=args.rounds, output=args.output,
+                                 progress=lambda line: None)
     except (ValueError, TypeError) as error:
         raise UsageError(str(error).splitlines()[0]) from error
     plot_throughput(results, plot)
+    for line in bench_summary_lines(results):
+        print(line)
     print(f"wrote {args.output} and {plot}")
     return 0
+
+
+def bench_summary_lines(results: dict[str, Any]) -> list[str]:
+    """One line per `num_envs`: each side's steps/s in its median round and the median of
+    the per-round ratios (the figure the README uses), then each side's best round,
+    labelled as such, so no best-round rate stands next to a median ratio."""
+    lines = []
+    for case in results["cases"]:
+        median = case["median_steps_per_s"]
+        best = case["steps_per_s"]
+        ratio = case.get("ratio_to_bare_scan", {}).get("jaxrunner")
+        sides = ", ".join(f"{side} {rate:,.0f}" for side, rate in median.items())
+        text = (f"{results.get('env')} num_envs={case['num_envs']}: median round "
+                f"(env steps/s): {sides}")
+        if ratio is not None:
+            text += f"; jaxrunner / bare_scan (median of per-round ratios): {ratio:.3f}"
+        text += "; best round: " + ", ".join(f"{side} {rate:,.0f}"
+                                            for side, rate in best.items())
+        lines.append(text)
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -317,6 +461,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `jaxrunner envs | head`: the reader left early
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """`RunnerConfig`: a builder with RLlib `AlgorithmConfig`'s method and attribute names.
 
-Every setter validates its values when it is called, so a bad value fails at the line that
-set it, not later inside a compiled rollout. Setters return `self` so calls chain::
+Each setting is one row of `SETTINGS` (name, builder, default, check, doc); the builder
+methods with their signatures and docstrings, the defaults, validated attribute access,
+`to_dict()`, `copy()` and the unknown-name errors are generated from the rows. A setter
+validates when it is called, so a bad value fails at the line that set it, not inside a
+compiled rollout; a rejected call changes nothing. Setters return `self` so calls chain::
 
     config = (
         RunnerConfig()
@@ -11,532 +14,430 @@ set it, not later inside a compiled rollout. Setters return `self` so calls chai
     )
 
 Attribute names are RLlib's (`config.num_envs_per_env_runner`, `config.batch_mode`, ...).
-Setting or reading an attribute that does not exist raises `AttributeError` naming the
-closest valid name.
+Reading or setting an attribute that does not exist raises `AttributeError`, and a builder
+given a keyword it does not take raises `TypeError`, both naming the closest valid name.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
+import inspect
 import math
-from typing import Any, Callable
+import textwrap
+from typing import Any, Callable, Mapping
 
-_NOT_PROVIDED = object()
+import numpy as np
 
-# Defaults follow RLlib's AlgorithmConfig (see the reference spec §8).
-_DEFAULTS: dict[str, Any] = {
-    # environment()
-    "env": None,
-    "env_config": {},
-    "normalize_actions": True,
-    "clip_actions": False,
-    "disable_env_checking": False,
-    # env_runners()
-    "env_runner_cls": None,
-    "num_env_runners": 0,
-    "create_env_on_local_worker": False,
-    "num_envs_per_env_runner": 1,
-    "num_cpus_per_env_runner": 1,
-    "num_gpus_per_env_runner": 0,
-    "sample_timeout_s": 60.0,
-    "max_requests_in_flight_per_env_runner": 1,
-    "env_to_module_connector": None,
-    "module_to_env_connector": None,
-    "add_default_connectors_to_env_to_module_pipeline": True,
-    "add_default_connectors_to_module_to_env_pipeline": True,
-    "episode_lookback_horizon": 1,
-    "merge_env_runner_states": "training_only",
-    "broadcast_env_runner_states": True,
-    "rollout_fragment_length": 200,
-    "batch_mode": "truncate_episodes",
-    "explore": True,
-    "episodes_to_numpy": True,
-    # jaxrunner-specific env_runners() options.
-    "max_chunk_length": 256,
-    "autoreset_mode": "gymnax",
-    "shard_envs_across_devices": True,
-    "partial_reset_ratio": 16,
-    # training() values RLlib uses to derive rollout_fragment_length="auto".
-    "train_batch_size_per_learner": 4000,
-    "num_learners": 0,
-    # fault_tolerance()
-    "restart_failed_env_runners": True,
-    "ignore_env_runner_failures": False,
-    "max_num_env_runner_restarts": 1000,
-    "delay_between_env_runner_restarts_s": 60.0,
-    "restart_failed_sub_environments": False,
-    "num_consecutive_env_runner_failures_tolerance": 100,
-    "env_runner_health_probe_timeout_s": 30.0,
-    "env_runner_restore_timeout_s": 1800.0,
-    # jaxrunner-specific fault_tolerance() options.
-    "check_finite": True,
-    "num_consecutive_sub_env_failures_tolerance": 100,
-    # multi_agent()
-    "policies": {"default_policy"},
-    "policy_mapping_fn": None,
-    "policies_to_train": None,
-    "count_steps_by": "env_steps",
-    # rl_module()
-    "model_config": {},
-    "rl_module_spec": None,
-    # reporting()
-    "metrics_num_episodes_for_smoothing": 100,
-    # debugging()
-    "seed": None,
-    # evaluation
-    "in_evaluation": False,
-}
+from jaxrunner.modules.rl_module import (
+    DEFAULT_MLP_MODEL_CONFIG_KEYS,
+    DefaultMLPModule,
+    RLModuleSpec,
+)
 
-_BATCH_MODES = ("truncate_episodes", "complete_episodes")
-_COUNT_STEPS_BY = ("env_steps", "agent_steps")
+
+class _NotProvided:
+    """A builder keyword left out: the setting keeps its current value."""
+
+    def __repr__(self) -> str:
+        return "NotProvided"
+
+
+NotProvided = _NotProvided()
+
+
+def _closest(name: Any, candidates) -> list[str]:
+    if not isinstance(name, str):
+        return []
+    return difflib.get_close_matches(name, [str(c) for c in candidates], n=3, cutoff=0.6)
+
+
+def _hint(name: Any, candidates) -> str:
+    matches = _closest(name, candidates)
+    return (" Did you mean " + " or ".join(map(repr, matches)) + "?") if matches else ""
+
+
+# ---------------------------------------------------------------------- checks
+@dataclasses.dataclass(frozen=True)
+class _Check:
+    """Turns a given value into the stored one, or raises; `annotation` is what the
+    builder's signature shows."""
+
+    annotation: str
+    coerce: Callable[[str, Any], Any]
+
+
+def _got(value: Any) -> str:
+    return f"got {value!r} of type {type(value).__name__}"
+
+
+def _scalar(kind: str, minimum: int = 0, *, none_ok=False, auto_ok=False) -> _Check:
+    """An int (`kind="int"`) or number (`"float"`) >= `minimum`. Numpy integer (and, for a
+    number, floating) scalars are accepted and stored as Python ones; bools never are."""
+    types = (int, np.integer) if kind == "int" else (int, float, np.integer, np.floating)
+    what = f"{'an int' if kind == 'int' else 'a number'} >= {minimum}"
+    also = " or None" * none_ok + " or 'auto'" * auto_ok
+
+    def coerce(name, value):
+        if (none_ok and value is None) or (auto_ok and isinstance(value, str)
+                                           and value == "auto"):
+            return None if value is None else "auto"
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, types):
+            raise TypeError(f"{name} must be {what}{also}, {_got(value)}.")
+        if not value >= minimum:  # also catches NaN
+            raise ValueError(f"{name} must be >= {minimum}{also}, got {value}.")
+        return int(value) if isinstance(value, (int, np.integer)) else float(value)
+
+    return _Check(kind + " | None" * none_ok + " | str" * auto_ok, coerce)
+
+
+def _coerce_bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, {_got(value)}.")
+    return bool(value)
+
+
+def _choice(*choices: Any) -> _Check:
+    def coerce(name, value):
+        for choice in choices:  # type-strict (1 is not True); a numpy str is a str
+            if (isinstance(value, type(choice)) and isinstance(value, bool) == isinstance(
+                    choice, bool) and value == choice):
+                return choice
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}."
+                         + _hint(value, [c for c in choices if isinstance(c, str)]))
+
+    return _Check(" | ".join(sorted({type(c).__name__ for c in choices})), coerce)
+
+
+def _optional(annotation: str, kind: str, test: Callable[[Any], bool]) -> _Check:
+    def coerce(name, value):
+        if value is not None and not test(value):
+            raise TypeError(f"{name} must be {kind} or None, {_got(value)}.")
+        return value
+
+    return _Check(annotation, coerce)
+
+
+def _coerce_dict(name, value):
+    if not isinstance(value, (Mapping, type(None))):
+        raise TypeError(f"{name} must be a dict (or None for {{}}), {_got(value)}.")
+    return dict(value or {})
+
+
+def _spec_dict(name, specs: dict) -> dict:
+    for module_id, spec in specs.items():
+        if not isinstance(module_id, str):
+            raise TypeError(f"{name} must name modules by str ids, got {module_id!r}.")
+        if not isinstance(spec, (RLModuleSpec, type(None))):
+            raise TypeError(f"{name}[{module_id!r}] must be a jaxrunner.RLModuleSpec or "
+                            f"None, {_got(spec)}.")
+    return dict(specs)
+
+
+def _coerce_policies(name, policies):
+    if isinstance(policies, (list, tuple, set, frozenset)):
+        policies = set(_spec_dict(name, dict.fromkeys(policies)))
+    elif isinstance(policies, dict):
+        policies = _spec_dict(name, policies)
+    else:
+        raise TypeError(f"policies must be a set/list of module ids or a dict {{module_id: "
+                        f"RLModuleSpec or None}}, {_got(policies)}.")
+    if not policies:
+        raise ValueError("policies must name at least one module id.")
+    return policies
+
+
+def _coerce_rl_module_spec(name, spec):
+    if isinstance(spec, dict):
+        return _spec_dict(name, spec)
+    if not isinstance(spec, (RLModuleSpec, type(None))):
+        raise TypeError(f"rl_module_spec must be a jaxrunner.RLModuleSpec, a dict "
+                        f"{{module_id: RLModuleSpec}} or None, {_got(spec)}.")
+    return spec
+
+
 _DEFAULT_MODEL_CONFIG = {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"}
 _ACTIVATIONS = ("tanh", "relu", "elu", "swish", "silu", "gelu", "linear", None)
 
 
-def _close_match_hint(name: str, candidates) -> str:
-    matches = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
-    if matches:
-        return " Did you mean " + " or ".join(repr(m) for m in matches) + "?"
-    return ""
+def _coerce_model_config(where, model_config):
+    model_config = _coerce_dict(where, model_config)
+    hiddens = model_config.get("fcnet_hiddens", [])
+    if not isinstance(hiddens, (list, tuple)) or not all(
+            isinstance(h, (int, np.integer)) and not isinstance(h, bool) and h > 0
+            for h in hiddens):
+        raise ValueError(f"{where}['fcnet_hiddens'] must be a list of positive ints (layer "
+                         f"widths), got {hiddens!r}.")
+    if "fcnet_hiddens" in model_config:
+        model_config["fcnet_hiddens"] = [int(h) for h in hiddens]
+    if model_config.get("fcnet_activation", "tanh") not in _ACTIVATIONS:
+        raise ValueError(f"{where}['fcnet_activation'] must be one of {list(_ACTIVATIONS)}, "
+                         f"got {model_config['fcnet_activation']!r}.")
+    return model_config
 
 
-def _check_int(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{name} must be an int >= {minimum}, got {value!r} of type "
-            f"{type(value).__name__}."
-        )
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
-    return value
+_INT0, _INT1, _NUM, _BOOL = _scalar("int", 0), _scalar("int", 1), _scalar("float"), _Check(
+    "bool", _coerce_bool)
+_CALLABLE = _optional("Callable | None", "a callable", callable)
+_ENV = _optional("Any", "a registered name or gymnax id (str), a callable creator(env_context)"
+                 " -> (env, env_params), or a gymnax Environment",
+                 lambda env: isinstance(env, str) or callable(env) or hasattr(env, "step"))
 
 
-def _check_number(name: str, value: Any, *, minimum: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number >= {minimum}, got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
-    return value
+# ---------------------------------------------------------------------- the rows
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One `RunnerConfig` setting: its builder method, default, check and one-line doc."""
+
+    name: str
+    builder: str
+    default: Any
+    check: _Check
+    doc: str
+    positional: bool = False  # the builder also takes it as its first positional argument
 
 
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}.")
-    return value
+# builder -> (docstring summary, rows (name, default, check, doc[, positional])).
+# Defaults are RLlib AlgorithmConfig's (reference spec §8); "(jaxrunner)" marks our own.
+_BUILDERS: dict[str, tuple[str, tuple]] = {
+    "environment": ("Sets the env and how actions are fitted to its space.", (
+        ("env", None, _ENV, "a `jaxrunner.register_env` name, a gymnax id ('CartPole-v1'), a "
+         "creator `(env_context) -> (env, env_params)` or a gymnax env (default params).",
+         True),
+        ("env_config", {}, _Check("dict | None", _coerce_dict),
+         "passed to the creator in the `EnvContext`; for a gymnax id, to `gymnax.make`."),
+        ("normalize_actions", True, _BOOL, "map Box actions from [-1, 1] to the bounds, clip."),
+        ("clip_actions", False, _BOOL, "clip Box actions to the bounds without rescaling."),
+        ("disable_env_checking", False, _BOOL, "skip the checks of a newly built env."),
+    )),
+    "env_runners": ("Sets how env runners sample (RLlib's `env_runners()`).", (
+        ("env_runner_cls", None, _optional("type | None", "a class",
+                                           lambda cls: isinstance(cls, type)),
+         "runner class; None picks the single- or multi-agent runner."),
+        ("num_env_runners", 0, _INT0, "remote (Ray) runners; 0 samples in the local one."),
+        ("create_env_on_local_worker", False, _BOOL,
+         "the local runner gets an env even with remote runners."),
+        ("num_envs_per_env_runner", 1, _INT1, "vectorized sub-environments per runner."),
+        ("num_cpus_per_env_runner", 1, _NUM, "CPUs each remote runner reserves."),
+        ("num_gpus_per_env_runner", 0, _NUM, "GPUs each remote runner reserves (fractional)."),
+        ("sample_timeout_s", 60.0, _scalar("float", none_ok=True),
+         "seconds to wait for remote runners' samples; None: no limit."),
+        ("max_requests_in_flight_per_env_runner", 1, _INT1,
+         "sample requests in flight per remote runner."),
+        ("env_to_module_connector", None, _CALLABLE,
+         "factory `(env) -> connector(s)` after the default env-to-module connectors."),
+        ("module_to_env_connector", None, _CALLABLE,
+         "factory `(env) -> connector(s)` of the module-to-env pipeline."),
+        ("add_default_connectors_to_env_to_module_pipeline", True, _BOOL,
+         "keep the default env-to-module connectors."),
+        ("add_default_connectors_to_module_to_env_pipeline", True, _BOOL,
+         "keep the default module-to-env connectors."),
+        ("episode_lookback_horizon", 1, _INT0, "steps a continued episode keeps as lookback."),
+        ("merge_env_runner_states", "training_only", _choice(True, False, "training_only"),
+         "merge the remote runners' connector states."),
+        ("broadcast_env_runner_states", True, _BOOL,
+         "send merged connector states back to the remote runners."),
+        ("rollout_fragment_length", 200, _scalar("int", 1, auto_ok=True),
+         "vector steps of a default `sample()`; 'auto': from the train batch size."),
+        ("batch_mode", "truncate_episodes", _choice("truncate_episodes", "complete_episodes"),
+         "a default `sample()` ends after the fragment, or at episode ends only."),
+        ("explore", True, _BOOL, "sample actions (True) or take the deterministic ones."),
+        ("episodes_to_numpy", True, _BOOL, "host episodes hold numpy arrays."),
+        ("max_chunk_length", 256, _INT1,
+         "longest compiled chunk; a longer `sample()` runs several (jaxrunner)."),
+        ("autoreset_mode", "gymnax", _choice("gymnax", "partial"),
+         "'gymnax': each sub-env computes a reset every step and selects it at an episode "
+         "end; 'partial': only ceil(num_envs / partial_reset_ratio) resets per step, "
+         "written into the finished sub-envs ('gymnax' on a step where more finish) "
+         "(jaxrunner)."),
+        ("partial_reset_ratio", 16, _INT1, "sub-envs per reset computed in 'partial' mode."),
+        ("shard_envs_across_devices", True, _BOOL, "split the sub-envs over the local devices "
+         "with `jax.sharding` (if their count divides num_envs) (jaxrunner)."),
+    )),
+    "training": ("Sets the learner values `rollout_fragment_length='auto'` derives from.", (
+        ("train_batch_size_per_learner", 4000, _INT1, "env steps per learner update."),
+        ("num_learners", 0, _INT0, "learners; 0 counts as one."),
+    )),
+    "fault_tolerance": ("Sets sub-env and runner fault tolerance.", (
+        ("restart_failed_env_runners", True, _BOOL, "restart a failed remote runner."),
+        ("ignore_env_runner_failures", False, _BOOL, "go on without a failed remote runner."),
+        ("max_num_env_runner_restarts", 1000, _INT0, "restarts per remote runner."),
+        ("delay_between_env_runner_restarts_s", 60.0, _NUM, "seconds between two restarts."),
+        ("restart_failed_sub_environments", False, _BOOL,
+         "recreate a failed sub-env instead of failing `sample()`."),
+        ("num_consecutive_env_runner_failures_tolerance", 100, _INT0,
+         "consecutive failures before a runner is given up."),
+        ("env_runner_health_probe_timeout_s", 30.0, _NUM, "seconds a health probe may take."),
+        ("env_runner_restore_timeout_s", 1800.0, _NUM, "seconds restoring a runner may take."),
+        ("check_finite", True, _BOOL,
+         "a non-finite observation or reward is a sub-env failure (jaxrunner)."),
+        ("num_consecutive_sub_env_failures_tolerance", 100, _INT1,
+         "a sub-env failing this many steps in a row (or env creation this many times) "
+         "stops `sample()` with an error (jaxrunner)."),
+    )),
+    "multi_agent": ("Sets the multi-agent setup (RLlib's `multi_agent()`).", (
+        ("policies", {"default_policy"}, _Check("set | list | dict", _coerce_policies),
+         "module ids, or a dict {module_id: RLModuleSpec or None}."),
+        ("policy_mapping_fn", None, _CALLABLE, "`(agent_id, episode) -> module_id`."),
+        ("policies_to_train", None, _Check("Any", lambda name, value: value),
+         "module ids a learner trains; None: all."),
+        ("count_steps_by", "env_steps", _choice("env_steps", "agent_steps"),
+         "what `rollout_fragment_length` and `num_timesteps` count."),
+    )),
+    "rl_module": ("Sets the policy module.", (
+        ("model_config", {}, _Check("dict | None", _coerce_model_config),
+         "module options; the default module reads only `fcnet_hiddens` (default "
+         "[256, 256]) and `fcnet_activation` (default 'tanh')."),
+        ("rl_module_spec", None, _Check("RLModuleSpec | dict | None", _coerce_rl_module_spec),
+         "a `jaxrunner.RLModuleSpec` of a user-written module, or a dict per module id."),
+    )),
+    "reporting": ("Sets the metrics smoothing window.", (
+        ("metrics_num_episodes_for_smoothing", 100, _INT1,
+         "episodes metrics average over (split between remote runners)."),
+    )),
+    "debugging": ("Sets the seed; runner `i` uses `seed + i` as RLlib does.", (
+        ("seed", None, _scalar("int", none_ok=True), "base seed; None: no fixed seed."),
+    )),
+    "evaluation": ("Marks the config as an evaluation config.", (
+        ("in_evaluation", False, _BOOL, "an evaluation config (seeds shift by 1e6)."),
+    )),
+}
+
+SETTINGS: dict[str, Setting] = {row[0]: Setting(row[0], builder, *row[1:])
+                                for builder, (_, rows) in _BUILDERS.items() for row in rows}
 
 
-def _check_choice(name: str, value: Any, choices) -> Any:
-    if value not in choices:
+# ---------------------------------------------------------------------- cross-setting check
+def _check_default_module_keys(where: str, model_config: Mapping) -> None:
+    unknown = [key for key in model_config if key not in DEFAULT_MLP_MODEL_CONFIG_KEYS]
+    if unknown:
         raise ValueError(
-            f"{name} must be one of {list(choices)}, got {value!r}."
-            + (_close_match_hint(value, [c for c in choices if isinstance(c, str)])
-               if isinstance(value, str) else "")
-        )
-    return value
+            f"{where} key {unknown[0]!r} is not read by the default module (DefaultMLPModule) "
+            f"and would be ignored.{_hint(unknown[0], DEFAULT_MLP_MODEL_CONFIG_KEYS)} Known "
+            f"keys: {list(DEFAULT_MLP_MODEL_CONFIG_KEYS)}. A custom module gets any keys: set "
+            "its RLModuleSpec(module_class=...) (rl_module_spec or policies) first or in the "
+            "same call.")
+
+
+def _check_model_config_keys(values: dict[str, Any]) -> None:
+    """With only the default module, `model_config` keys it would not read are errors."""
+    specs = [spec for holder in (values["rl_module_spec"], values["policies"])
+             for spec in (holder.values() if isinstance(holder, dict) else [holder])
+             if isinstance(spec, RLModuleSpec)]
+    for spec in specs:
+        if spec.module_class in (None, DefaultMLPModule) and spec.model_config:
+            _coerce_model_config("RLModuleSpec.model_config", spec.model_config)
+            _check_default_module_keys("RLModuleSpec.model_config", spec.model_config)
+    if all(spec.module_class in (None, DefaultMLPModule) for spec in specs):
+        _check_default_module_keys("model_config", values["model_config"])
+
+
+# (settings whose change triggers it, check of the whole proposed config)
+_CROSS_CHECKS = (({"model_config", "rl_module_spec", "policies"}, _check_model_config_keys),)
+
+
+# ---------------------------------------------------------------------- generated builders
+def _keyword_hint(key: str, own: list[str]) -> str:
+    """A close match among the builder's own settings, else the builder that sets `key` (or
+    its close match), else the builder's settings."""
+    if _closest(key, own):
+        return _hint(key, own)
+    other = key if key in SETTINGS else next(iter(_closest(key, SETTINGS)), None)
+    if other is None:
+        return f" Its settings: {own}."
+    call = f"config.{SETTINGS[other].builder}({other}=...)"
+    return f" It is set by {call}." if other == key else f" Did you mean {call}?"
+
+
+def _builder(name: str) -> Callable[..., "RunnerConfig"]:
+    summary, _ = _BUILDERS[name]
+    rows = [s for s in SETTINGS.values() if s.builder == name]
+    own, positional = [s.name for s in rows], [s.name for s in rows if s.positional]
+    kind = {True: inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            False: inspect.Parameter.KEYWORD_ONLY}
+
+    def builder(self, *args: Any, **kwargs: Any) -> "RunnerConfig":
+        if len(args) > len(positional):
+            raise TypeError(f"{name}() takes {' and '.join(positional) or 'no setting'} "
+                            f"positionally, got {len(args)} positional argument(s); pass "
+                            f"settings by keyword: {name}({own[len(positional)]}=...).")
+        for key, value in zip(positional, args):
+            if key in kwargs:
+                raise TypeError(f"{name}() got {key!r} both positionally and by keyword.")
+            kwargs[key] = value
+        for key in kwargs:
+            if key not in own:
+                raise TypeError(f"{name}() got an unknown setting {key!r}."
+                                + _keyword_hint(key, own))
+        self._apply({k: v for k, v in kwargs.items() if v is not NotProvided})
+        return self
+
+    builder.__name__, builder.__qualname__ = name, f"RunnerConfig.{name}"
+    builder.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", kind[True])]
+        + [inspect.Parameter(s.name, kind[s.positional], default=NotProvided,
+                             annotation=s.check.annotation) for s in rows],
+        return_annotation="RunnerConfig")
+    builder.__doc__ = f"{summary}\n\nA setting left out keeps its value.\n\nArgs:\n" + "\n".join(
+        textwrap.fill(f"{s.name}: {s.doc} Default: {s.default!r}.", 88, initial_indent="    ",
+                      subsequent_indent="        ") for s in rows) + "\n"
+    return builder
+
+
+def _unknown(name: str) -> AttributeError:
+    return AttributeError(f"RunnerConfig has no setting {name!r}." + _hint(name, SETTINGS))
 
 
 class RunnerConfig:
     """Configuration of env runners, with RLlib `AlgorithmConfig` names and defaults.
 
-    Use the builder methods (`environment`, `env_runners`, `fault_tolerance`,
-    `multi_agent`, `rl_module`, `reporting`, `debugging`, `training`) to set values; each
-    validates at once. `copy()` returns an independent, unfrozen copy; `freeze()` makes
-    the config read-only.
+    Set values with the builders below; each validates at once. `copy()` returns an
+    independent, unfrozen copy; `freeze()` makes the config read-only. Every setting is
+    listed, with its default and doc, in `jaxrunner.config.SETTINGS`.
     """
+
+    environment = _builder("environment")
+    env_runners = _builder("env_runners")
+    training = _builder("training")
+    fault_tolerance = _builder("fault_tolerance")
+    multi_agent = _builder("multi_agent")
+    rl_module = _builder("rl_module")
+    reporting = _builder("reporting")
+    debugging = _builder("debugging")
+    evaluation = _builder("evaluation")
 
     def __init__(self):
         object.__setattr__(self, "_frozen", False)
-        for name, value in _DEFAULTS.items():
-            object.__setattr__(self, name, copy.deepcopy(value))
+        for setting in SETTINGS.values():
+            object.__setattr__(self, setting.name, copy.deepcopy(setting.default))
 
-    # ------------------------------------------------------------------ attribute guard
     def __setattr__(self, name: str, value: Any) -> None:
-        if name not in _DEFAULTS:
-            raise AttributeError(
-                f"RunnerConfig has no setting {name!r}." + _close_match_hint(name, _DEFAULTS)
-            )
-        if self._frozen:
-            raise RuntimeError(
-                f"Cannot set {name!r}: this RunnerConfig is frozen. Use config.copy() to "
-                "get an editable copy."
-            )
-        # Route through the validating setter so attribute writes are checked too.
         self.update_from_dict({name: value})
 
     def __getattr__(self, name: str) -> Any:
         # Only called when normal lookup fails: an unknown setting.
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(
-            f"RunnerConfig has no setting {name!r}." + _close_match_hint(name, _DEFAULTS)
-        )
+        raise AttributeError(name) if name.startswith("__") else _unknown(name)
 
-    def _set(self, **values: Any) -> None:
+    def _apply(self, values: dict[str, Any]) -> None:
+        """Checks every value and the settings they combine with, then sets them all."""
         if self._frozen:
-            raise RuntimeError(
-                "This RunnerConfig is frozen. Use config.copy() to get an editable copy."
-            )
-        for name, value in values.items():
-            if value is not _NOT_PROVIDED:
-                object.__setattr__(self, name, value)
-
-    # ------------------------------------------------------------------ builders
-    def environment(
-        self,
-        env: Any = _NOT_PROVIDED,
-        *,
-        env_config: dict | None = _NOT_PROVIDED,
-        normalize_actions: bool = _NOT_PROVIDED,
-        clip_actions: bool = _NOT_PROVIDED,
-        disable_env_checking: bool = _NOT_PROVIDED,
-    ) -> "RunnerConfig":
-        """Sets the env: a registered name, a gymnax id, a callable or a gymnax env.
-
-        Args:
-            env: a name given to `jaxrunner.register_env`, a gymnax id such as
-                "CartPole-v1", a callable `creator(env_context) -> (env, env_params)`, or
-                a gymnax `Environment` instance (its default params are used).
-            env_config: dict passed to the creator inside the `EnvContext`; for a gymnax
-                id, passed as keyword arguments to `gymnax.make`.
-            normalize_actions: map Box actions from [-1, 1] to the space's bounds (then
-                clip), as RLlib's `NormalizeAndClipActions` does.
-            clip_actions: clip Box actions to the bounds without rescaling.
-        """
-        if env_config is not _NOT_PROVIDED:
-            if env_config is None:
-                env_config = {}
-            if not isinstance(env_config, dict):
-                raise TypeError(f"env_config must be a dict, got {type(env_config).__name__}.")
-            env_config = dict(env_config)
-        if env is not _NOT_PROVIDED and env is not None:
-            if not (isinstance(env, str) or callable(env) or hasattr(env, "step")):
-                raise TypeError(
-                    "env must be a registered name or gymnax id (str), a callable "
-                    f"creator(env_context) -> (env, env_params), or a gymnax Environment; "
-                    f"got {type(env).__name__}."
-                )
-        for name, value in (("normalize_actions", normalize_actions),
-                            ("clip_actions", clip_actions),
-                            ("disable_env_checking", disable_env_checking)):
-            if value is not _NOT_PROVIDED:
-                _check_bool(name, value)
-        self._set(env=env, env_config=env_config, normalize_actions=normalize_actions,
-                  clip_actions=clip_actions, disable_env_checking=disable_env_checking)
-        return self
-
-    def env_runners(
-        self,
-        *,
-        env_runner_cls: type | None = _NOT_PROVIDED,
-        num_env_runners: int = _NOT_PROVIDED,
-        create_env_on_local_worker: bool = _NOT_PROVIDED,
-        num_envs_per_env_runner: int = _NOT_PROVIDED,
-        num_cpus_per_env_runner: float = _NOT_PROVIDED,
-        num_gpus_per_env_runner: float = _NOT_PROVIDED,
-        sample_timeout_s: float | None = _NOT_PROVIDED,
-        max_requests_in_flight_per_env_runner: int = _NOT_PROVIDED,
-        env_to_module_connector: Callable | None = _NOT_PROVIDED,
-        module_to_env_connector: Callable | None = _NOT_PROVIDED,
-        add_default_connectors_to_env_to_module_pipeline: bool = _NOT_PROVIDED,
-        add_default_connectors_to_module_to_env_pipeline: bool = _NOT_PROVIDED,
-        episode_lookback_horizon: int = _NOT_PROVIDED,
-        merge_env_runner_states: bool | str = _NOT_PROVIDED,
-        broadcast_env_runner_states: bool = _NOT_PROVIDED,
-        rollout_fragment_length: int | str = _NOT_PROVIDED,
-        batch_mode: str = _NOT_PROVIDED,
-        explore: bool = _NOT_PROVIDED,
-        episodes_to_numpy: bool = _NOT_PROVIDED,
-        max_chunk_length: int = _NOT_PROVIDED,
-        autoreset_mode: str = _NOT_PROVIDED,
-        partial_reset_ratio: int = _NOT_PROVIDED,
-        shard_envs_across_devices: bool = _NOT_PROVIDED,
-    ) -> "RunnerConfig":
-        """Sets how env runners sample (RLlib's `env_runners()`; same names, defaults).
-
-        jaxrunner-only options:
-            max_chunk_length: caps the length of one compiled rollout chunk; a `sample()`
-                that needs more vector steps runs several chunks of the same program.
-            autoreset_mode: "gymnax" (default: every sub-env computes a reset each step and
-                selects it where its episode ended) or "partial" (only
-                `ceil(num_envs / partial_reset_ratio)` resets are computed per step and
-                written into the sub-envs that finished; a step where more finish falls
-                back to "gymnax"; every episode still gets its own fresh reset).
-            partial_reset_ratio: see `autoreset_mode` (default 16).
-            shard_envs_across_devices: split the sub-envs over all local devices with
-                `jax.sharding` (default True; needs `num_envs_per_env_runner` divisible by
-                the device count, else one device is used).
-        """
-        if num_env_runners is not _NOT_PROVIDED:
-            _check_int("num_env_runners", num_env_runners, minimum=0)
-        if num_envs_per_env_runner is not _NOT_PROVIDED:
-            if isinstance(num_envs_per_env_runner, int) and not isinstance(
-                    num_envs_per_env_runner, bool) and num_envs_per_env_runner < 1:
-                raise ValueError(
-                    f"num_envs_per_env_runner must be >= 1 (the number of vectorized "
-                    f"sub-environments per runner), got {num_envs_per_env_runner}."
-                )
-            _check_int("num_envs_per_env_runner", num_envs_per_env_runner, minimum=1)
-        if num_cpus_per_env_runner is not _NOT_PROVIDED:
-            _check_number("num_cpus_per_env_runner", num_cpus_per_env_runner)
-        if num_gpus_per_env_runner is not _NOT_PROVIDED:
-            _check_number("num_gpus_per_env_runner", num_gpus_per_env_runner)
-        if sample_timeout_s is not _NOT_PROVIDED and sample_timeout_s is not None:
-            _check_number("sample_timeout_s", sample_timeout_s)
-        if max_requests_in_flight_per_env_runner is not _NOT_PROVIDED:
-            _check_int("max_requests_in_flight_per_env_runner",
-                       max_requests_in_flight_per_env_runner, minimum=1)
-        for name, value in (("env_to_module_connector", env_to_module_connector),
-                            ("module_to_env_connector", module_to_env_connector)):
-            if value is not _NOT_PROVIDED and value is not None and not callable(value):
-                raise TypeError(f"{name} must be a callable factory or None, got {value!r}.")
-        for name, value in (
-            ("create_env_on_local_worker", create_env_on_local_worker),
-            ("add_default_connectors_to_env_to_module_pipeline",
-             add_default_connectors_to_env_to_module_pipeline),
-            ("add_default_connectors_to_module_to_env_pipeline",
-             add_default_connectors_to_module_to_env_pipeline),
-            ("broadcast_env_runner_states", broadcast_env_runner_states),
-            ("explore", explore),
-            ("episodes_to_numpy", episodes_to_numpy),
-            ("shard_envs_across_devices", shard_envs_across_devices),
-        ):
-            if value is not _NOT_PROVIDED:
-                _check_bool(name, value)
-        if episode_lookback_horizon is not _NOT_PROVIDED:
-            _check_int("episode_lookback_horizon", episode_lookback_horizon, minimum=0)
-        if merge_env_runner_states is not _NOT_PROVIDED:
-            _check_choice("merge_env_runner_states", merge_env_runner_states,
-                          (True, False, "training_only"))
-        if rollout_fragment_length is not _NOT_PROVIDED and rollout_fragment_length != "auto":
-            _check_int("rollout_fragment_length", rollout_fragment_length, minimum=1)
-        if batch_mode is not _NOT_PROVIDED:
-            _check_choice("batch_mode", batch_mode, _BATCH_MODES)
-        if max_chunk_length is not _NOT_PROVIDED:
-            _check_int("max_chunk_length", max_chunk_length, minimum=1)
-        if autoreset_mode is not _NOT_PROVIDED:
-            _check_choice("autoreset_mode", autoreset_mode, ("gymnax", "partial"))
-        if partial_reset_ratio is not _NOT_PROVIDED:
-            _check_int("partial_reset_ratio", partial_reset_ratio, minimum=1)
-        if env_runner_cls is not _NOT_PROVIDED and env_runner_cls is not None:
-            if not isinstance(env_runner_cls, type):
-                raise TypeError(f"env_runner_cls must be a class, got {env_runner_cls!r}.")
-        self._set(
-            env_runner_cls=env_runner_cls,
-            num_env_runners=num_env_runners,
-            create_env_on_local_worker=create_env_on_local_worker,
-            num_envs_per_env_runner=num_envs_per_env_runner,
-            num_cpus_per_env_runner=num_cpus_per_env_runner,
-            num_gpus_per_env_runner=num_gpus_per_env_runner,
-            sample_timeout_s=sample_timeout_s,
-            max_requests_in_flight_per_env_runner=max_requests_in_flight_per_env_runner,
-            env_to_module_connector=env_to_module_connector,
-            module_to_env_connector=module_to_env_connector,
-            add_default_connectors_to_env_to_module_pipeline=(
-                add_default_connectors_to_env_to_module_pipeline),
-            add_default_connectors_to_module_to_env_pipeline=(
-                add_default_connectors_to_module_to_env_pipeline),
-            episode_lookback_horizon=episode_lookback_horizon,
-            merge_env_runner_states=merge_env_runner_states,
-            broadcast_env_runner_states=broadcast_env_runner_states,
-            rollout_fragment_length=rollout_fragment_length,
-            batch_mode=batch_mode,
-            explore=explore,
-            episodes_to_numpy=episodes_to_numpy,
-            max_chunk_length=max_chunk_length,
-            autoreset_mode=autoreset_mode,
-            partial_reset_ratio=partial_reset_ratio,
-            shard_envs_across_devices=shard_envs_across_devices,
-        )
-        return self
-
-    def training(
-        self,
-        *,
-        train_batch_size_per_learner: int = _NOT_PROVIDED,
-        num_learners: int = _NOT_PROVIDED,
-    ) -> "RunnerConfig":
-        """Sets the learner-side values that `rollout_fragment_length="auto"` derives from."""
-        if train_batch_size_per_learner is not _NOT_PROVIDED:
-            _check_int("train_batch_size_per_learner", train_batch_size_per_learner, minimum=1)
-        if num_learners is not _NOT_PROVIDED:
-            _check_int("num_learners", num_learners, minimum=0)
-        self._set(train_batch_size_per_learner=train_batch_size_per_learner,
-                  num_learners=num_learners)
-        return self
-
-    def fault_tolerance(
-        self,
-        *,
-        restart_failed_env_runners: bool = _NOT_PROVIDED,
-        ignore_env_runner_failures: bool = _NOT_PROVIDED,
-        max_num_env_runner_restarts: int = _NOT_PROVIDED,
-        delay_between_env_runner_restarts_s: float = _NOT_PROVIDED,
-        restart_failed_sub_environments: bool = _NOT_PROVIDED,
-        num_consecutive_env_runner_failures_tolerance: int = _NOT_PROVIDED,
-        env_runner_health_probe_timeout_s: float = _NOT_PROVIDED,
-        env_runner_restore_timeout_s: float = _NOT_PROVIDED,
-        check_finite: bool = _NOT_PROVIDED,
-        num_consecutive_sub_env_failures_tolerance: int = _NOT_PROVIDED,
-    ) -> "RunnerConfig":
-        """Sets sub-env and runner fault tolerance (RLlib's names and defaults).
-
-        jaxrunner adds `check_finite` (default True: a non-finite observation or reward
-        counts as a sub-env failure) and `num_consecutive_sub_env_failures_tolerance`
-        (default 100: a sub-env that fails this many steps in a row, or env creation that
-        fails this many times, stops `sample()` with an error instead of looping forever).
-        """
-        for name, value in (
-            ("restart_failed_env_runners", restart_failed_env_runners),
-            ("ignore_env_runner_failures", ignore_env_runner_failures),
-            ("restart_failed_sub_environments", restart_failed_sub_environments),
-            ("check_finite", check_finite),
-        ):
-            if value is not _NOT_PROVIDED:
-                _check_bool(name, value)
-        for name, value in (
-            ("max_num_env_runner_restarts", max_num_env_runner_restarts),
-            ("num_consecutive_env_runner_failures_tolerance",
-             num_consecutive_env_runner_failures_tolerance),
-        ):
-            if value is not _NOT_PROVIDED:
-                _check_int(name, value, minimum=0)
-        if num_consecutive_sub_env_failures_tolerance is not _NOT_PROVIDED:
-            _check_int("num_consecutive_sub_env_failures_tolerance",
-                       num_consecutive_sub_env_failures_tolerance, minimum=1)
-        for name, value in (
-            ("delay_between_env_runner_restarts_s", delay_between_env_runner_restarts_s),
-            ("env_runner_health_probe_timeout_s", env_runner_health_probe_timeout_s),
-            ("env_runner_restore_timeout_s", env_runner_restore_timeout_s),
-        ):
-            if value is not _NOT_PROVIDED:
-                _check_number(name, value)
-        self._set(
-            restart_failed_env_runners=restart_failed_env_runners,
-            ignore_env_runner_failures=ignore_env_runner_failures,
-            max_num_env_runner_restarts=max_num_env_runner_restarts,
-            delay_between_env_runner_restarts_s=delay_between_env_runner_restarts_s,
-            restart_failed_sub_environments=restart_failed_sub_environments,
-            num_consecutive_env_runner_failures_tolerance=(
-                num_consecutive_env_runner_failures_tolerance),
-            env_runner_health_probe_timeout_s=env_runner_health_probe_timeout_s,
-            env_runner_restore_timeout_s=env_runner_restore_timeout_s,
-            check_finite=check_finite,
-            num_consecutive_sub_env_failures_tolerance=num_consecutive_sub_env_failures_tolerance,
-        )
-        return self
-
-    def multi_agent(
-        self,
-        *,
-        policies: Any = _NOT_PROVIDED,
-        policy_mapping_fn: Callable | None = _NOT_PROVIDED,
-        policies_to_train: Any = _NOT_PROVIDED,
-        count_steps_by: str = _NOT_PROVIDED,
-    ) -> "RunnerConfig":
-        """Sets the multi-agent setup (RLlib's `multi_agent()`)."""
-        if policies is not _NOT_PROVIDED:
-            if isinstance(policies, (list, tuple, set)):
-                policies = set(policies)
-            elif isinstance(policies, dict):
-                policies = dict(policies)
-            else:
-                raise TypeError(
-                    f"policies must be a set/list of module ids or a dict, got {policies!r}."
-                )
-            if not policies:
-                raise ValueError("policies must name at least one module id.")
-        if policy_mapping_fn is not _NOT_PROVIDED and policy_mapping_fn is not None:
-            if not callable(policy_mapping_fn):
-                raise TypeError("policy_mapping_fn must be callable (agent_id, episode) -> id.")
-        if count_steps_by is not _NOT_PROVIDED:
-            _check_choice("count_steps_by", count_steps_by, _COUNT_STEPS_BY)
-        self._set(policies=policies, policy_mapping_fn=policy_mapping_fn,
-                  policies_to_train=policies_to_train, count_steps_by=count_steps_by)
-        return self
-
-    def rl_module(
-        self,
-        *,
-        model_config: dict | None = _NOT_PROVIDED,
-        rl_module_spec: Any = _NOT_PROVIDED,
-    ) -> "RunnerConfig":
-        """Sets the policy module.
-
-        Args:
-            model_config: options of the default MLP module: `fcnet_hiddens` (list of
-                layer widths, default [256, 256]) and `fcnet_activation` (default "tanh").
-            rl_module_spec: a `jaxrunner.RLModuleSpec` for a user-written module.
-        """
-        if model_config is not _NOT_PROVIDED:
-            model_config = dict(model_config or {})
-            hiddens = model_config.get("fcnet_hiddens", _DEFAULT_MODEL_CONFIG["fcnet_hiddens"])
-            if not isinstance(hiddens, (list, tuple)) or not all(
-                    isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hiddens):
-                raise ValueError(
-                    f"model_config['fcnet_hiddens'] must be a list of positive ints, got "
-                    f"{hiddens!r}."
-                )
-            act = model_config.get("fcnet_activation", "tanh")
-            if act not in _ACTIVATIONS:
-                raise ValueError(
-                    f"model_config['fcnet_activation'] must be one of {list(_ACTIVATIONS)}, "
-                    f"got {act!r}."
-                )
-        self._set(model_config=model_config, rl_module_spec=rl_module_spec)
-        return self
-
-    def reporting(self, *, metrics_num_episodes_for_smoothing: int = _NOT_PROVIDED
-                  ) -> "RunnerConfig":
-        """Sets the metrics smoothing window (episodes)."""
-        if metrics_num_episodes_for_smoothing is not _NOT_PROVIDED:
-            _check_int("metrics_num_episodes_for_smoothing",
-                       metrics_num_episodes_for_smoothing, minimum=1)
-        self._set(metrics_num_episodes_for_smoothing=metrics_num_episodes_for_smoothing)
-        return self
-
-    def debugging(self, *, seed: int | None = _NOT_PROVIDED) -> "RunnerConfig":
-        """Sets the seed; runner `i` uses `seed + i` as RLlib does."""
-        if seed is not _NOT_PROVIDED and seed is not None:
-            _check_int("seed", seed, minimum=0)
-        self._set(seed=seed)
-        return self
-
-    def evaluation(self, *, in_evaluation: bool = _NOT_PROVIDED) -> "RunnerConfig":
-        """Marks the config as an evaluation config (seeds shift by 1e6, as in RLlib)."""
-        if in_evaluation is not _NOT_PROVIDED:
-            _check_bool("in_evaluation", in_evaluation)
-        self._set(in_evaluation=in_evaluation)
-        return self
-
-    # ------------------------------------------------------------------ generic access
-    _SETTER_OF = {
-        **{k: "environment" for k in ("env", "env_config", "normalize_actions",
-                                      "clip_actions", "disable_env_checking")},
-        **{k: "training" for k in ("train_batch_size_per_learner", "num_learners")},
-        **{k: "fault_tolerance" for k in (
-            "restart_failed_env_runners", "ignore_env_runner_failures",
-            "max_num_env_runner_restarts", "delay_between_env_runner_restarts_s",
-            "restart_failed_sub_environments", "num_consecutive_env_runner_failures_tolerance",
-            "env_runner_health_probe_timeout_s", "env_runner_restore_timeout_s",
-            "check_finite", "num_consecutive_sub_env_failures_tolerance")},
-        **{k: "multi_agent" for k in ("policies", "policy_mapping_fn", "policies_to_train",
-                                      "count_steps_by")},
-        **{k: "rl_module" for k in ("model_config", "rl_module_spec")},
-        "metrics_num_episodes_for_smoothing": "reporting",
-        "seed": "debugging",
-        "in_evaluation": "evaluation",
-    }
+            raise RuntimeError(f"Cannot set {', '.join(values) or 'settings'}: this "
+                               "RunnerConfig is frozen. Use config.copy() for an editable copy.")
+        checked = {name: SETTINGS[name].check.coerce(name, value)
+                   for name, value in values.items()}
+        for triggers, check in _CROSS_CHECKS:
+            if triggers & checked.keys():
+                check({**self.to_dict(), **checked})
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     def update_from_dict(self, values: dict[str, Any]) -> "RunnerConfig":
-        """Sets several settings by name, each validated by its builder method."""
-        for name, value in values.items():
-            if name not in _DEFAULTS:
-                raise AttributeError(
-                    f"RunnerConfig has no setting {name!r}." + _close_match_hint(name, _DEFAULTS)
-                )
-            setter = getattr(self, self._SETTER_OF.get(name, "env_runners"))
-            setter(**{name: value})
+        """Sets settings by name, checked as their builders check them; all or none."""
+        for name in values:
+            if name not in SETTINGS:
+                raise _unknown(name)
+        self._apply(dict(values))
         return self
 
     @classmethod
@@ -552,21 +453,17 @@ class RunnerConfig:
         return runner_config_from_rllib(algo_config, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        """All settings as a plain dict."""
-        return {name: getattr(self, name) for name in _DEFAULTS}
+        """All settings as a plain dict (the values themselves, not copies)."""
+        return {name: getattr(self, name) for name in SETTINGS}
 
     def copy(self, copy_frozen: bool = False) -> "RunnerConfig":
-        """Returns an independent copy (unfrozen unless `copy_frozen`)."""
+        """Returns an independent copy (unfrozen unless `copy_frozen`): containers are
+        copied; callables, classes, envs and specs are shared."""
         new = RunnerConfig.__new__(RunnerConfig)
-        object.__setattr__(new, "_frozen", False)
-        for name in _DEFAULTS:
-            value = getattr(self, name)
-            # Callables and classes are shared; containers are copied.
-            if isinstance(value, (dict, list, set)):
-                value = copy.deepcopy(value)
-            object.__setattr__(new, name, value)
-        if copy_frozen and self._frozen:
-            new.freeze()
+        object.__setattr__(new, "_frozen", bool(copy_frozen and self._frozen))
+        for name, value in self.to_dict().items():
+            object.__setattr__(new, name, copy.deepcopy(value) if isinstance(
+                value, (dict, list, set)) else value)
         return new
 
     def freeze(self) -> "RunnerConfig":
@@ -581,7 +478,8 @@ class RunnerConfig:
     # ------------------------------------------------------------------ derived values
     @property
     def model_config_with_defaults(self) -> dict[str, Any]:
-        return {**_DEFAULT_MODEL_CONFIG, **(self.model_config or {})}
+        """`model_config` over the default module's defaults (a fresh dict)."""
+        return copy.deepcopy({**_DEFAULT_MODEL_CONFIG, **self.model_config})
 
     @property
     def is_multi_agent(self) -> bool:
@@ -610,5 +508,5 @@ class RunnerConfig:
                                 / max(1, self.num_env_runners)))
 
     def __repr__(self) -> str:
-        changed = {k: v for k, v in self.to_dict().items() if v != _DEFAULTS[k]}
+        changed = {k: v for k, v in self.to_dict().items() if v != SETTINGS[k].default}
         return f"RunnerConfig({changed})"

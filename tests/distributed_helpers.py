@@ -153,3 +153,22 @@ def kill_mid_sample(group, target: int, marker_dir, num_timesteps: int = 64):
         thread.join()
     assert killed.is_set(), "the runner never started sampling"
     return pid, batches
+
+
+def agent_0_to_p0(agent_id, episode) -> str:
+    """policy_mapping_fn of the multi-agent group tests: agent_0 -> "p0", others -> "p1"."""
+    return "p0" if agent_id == "agent_0" else "p1"
+
+
+def multi_agent_config(num_env_runners: int, **env_runners: Any) -> jaxrunner.RunnerConfig:
+    """MultiAgentCartPole-v1 from the registry with 2 agents mapped to modules p0 and p1,
+    2 sub-envs, 16-unit MLPs, fractional CPUs so a group fits a 2-CPU Ray."""
+    env_runners.setdefault("num_cpus_per_env_runner", 0.5)
+    env_runners.setdefault("sample_timeout_s", 600.0)
+    return (jaxrunner.RunnerConfig()
+            .environment("MultiAgentCartPole-v1", env_config={"num_agents": 2})
+            .env_runners(num_env_runners=num_env_runners, num_envs_per_env_runner=2,
+                         rollout_fragment_length=16, **env_runners)
+            .multi_agent(policies={"p0", "p1"}, policy_mapping_fn=agent_0_to_p0)
+            .rl_module(model_config={"fcnet_hiddens": [16]})
+            .debugging(seed=0))

@@ -75,3 +75,80 @@ def test_cli__bench_writes_json_and_png(tmp_path, capsys):
     png = tmp_path / "throughput.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(png) in out
+    # The printed rates are the median rounds, labelled, next to the median ratio.
+    case = results["cases"][0]
+    assert f"jaxrunner {case['median_steps_per_s']['jaxrunner']:,.0f}" in out
+    assert f"{case['ratio_to_bare_scan']['jaxrunner']:.3f}" in out and "best round" in out
+
+
+# ---------------------------------------------------------------------- envs, help, bench
+def test_cli__envs_piped_prints_every_full_id(capsys):
+    from jaxrunner.envs import gymnax_env_ids
+
+    code, out, _ = _run(["envs"], capsys)  # capsys' stdout is not a terminal
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split("\t") == ["id", "source", "kind", "observation_space",
+                                    "action_space"]
+    ids = [line.split("\t")[0] for line in lines[1:]]
+    assert set(gymnax_env_ids()) | {"MultiAgentCartPole-v1", "TicTacToe-v0"} <= set(ids)
+    assert "MountainCarContinuous-v0" in ids and "…" not in out
+
+
+def test_cli__envs_json(capsys):
+    code, out, _ = _run(["envs", "--json"], capsys)
+    assert code == 0
+    rows = {row["id"]: row for row in json.loads(out)}
+    assert rows["TicTacToe-v0"]["kind"] == "multi_agent"
+    assert "player_x: Box" in rows["TicTacToe-v0"]["observation_space"]
+    assert rows["CartPole-v1"] == {
+        "id": "CartPole-v1", "source": "gymnax", "kind": "single_agent",
+        "observation_space": rows["CartPole-v1"]["observation_space"],
+        "action_space": "Discrete(2)"}
+    assert rows["CartPole-v1"]["observation_space"].startswith("Box(")
+
+
+@pytest.mark.parametrize("command, expected", [
+    ("sample", ["(default: CartPole-v1)", "(default: 1024)", "(default: 200)",
+                "(default: 0)", "(default: 64,64)"]),
+    ("bench", ["(default: CartPole-v1)", "(default: 1024 4096)", "(default: 128)",
+               "(default: 10)", "(default: throughput.json)"]),
+])
+def test_cli__help_shows_defaults(command, expected, capsys):
+    code, out, _ = _run([command, "--help"], capsys)
+    assert code == 0
+    flat = " ".join(out.split())
+    for text in expected:
+        assert text in flat, (text, out)
+    assert "(default: None)" not in flat and "(default: False)" not in flat
+
+
+@pytest.mark.parametrize("env_id", ["TicTacToe-v0", "MultiAgentCartPole-v1"])
+def test_cli__sample_multi_agent_env_uses_the_multi_agent_runner(env_id, capsys):
+    code, out, err = _run(["sample", "--env", env_id, "--num-envs", "2", "--fragment", "8",
+                           "--timesteps", "32", "--hiddens", "8", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["summary"]["env_steps"] == 32
+    metrics = report["metrics"]
+    assert metrics["num_env_steps_sampled_lifetime"] == 32
+    # Multi-agent metrics: per agent and per (shared) module.
+    assert set(metrics["num_module_steps_sampled"]) == {"shared_policy"}
+    assert len(metrics["num_agent_steps_sampled"]) == 2
+
+
+def test_cli__bench_summary_reports_median_rounds_beside_the_median_ratio():
+    from jaxrunner.cli import bench_summary_lines
+
+    # Best rounds favour jaxrunner, the median rounds (and ratio) the bare scan.
+    results = {"env": "CartPole-v1", "cases": [{
+        "num_envs": 8,
+        "steps_per_s": {"jaxrunner": 3_000_000.0, "bare_scan": 2_800_000.0},
+        "median_steps_per_s": {"jaxrunner": 2_000_000.0, "bare_scan": 2_500_000.0},
+        "ratio_to_bare_scan": {"jaxrunner": 0.81}}]}
+    (line,) = bench_summary_lines(results)
+    median_part, best_part = line.split("; best round: ")
+    assert "median round" in median_part and "0.810" in median_part
+    assert "jaxrunner 2,000,000" in median_part and "bare_scan 2,500,000" in median_part
+    assert "3,000,000" not in median_part
+    assert "jaxrunner 3,000,000" in best_part and "bare_scan 2,800,000" in best_part

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
+import pickle
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxrunner
+from jaxrunner.config import SETTINGS, NotProvided
+from jaxrunner.modules.rl_module import DEFAULT_MLP_MODEL_CONFIG_KEYS
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -116,6 +125,23 @@ BAD_VALUES = [
      ["fcnet_activation"]),
     ("training", {"train_batch_size_per_learner": 0}, ValueError,
      ["train_batch_size_per_learner"]),
+    ("env_runners", {"merge_env_runner_states": 1}, ValueError, ["merge_env_runner_states"]),
+    ("env_runners", {"sample_timeout_s": float("nan")}, ValueError, ["sample_timeout_s"]),
+    ("env_runners", {"num_envs_per_env_runner": np.float64(2.0)}, TypeError,
+     ["num_envs_per_env_runner", "int", "float64"]),
+    ("env_runners", {"num_envs_per_env_runner": np.bool_(True)}, TypeError,
+     ["num_envs_per_env_runner", "int"]),
+    ("env_runners", {"num_cpus_per_env_runner": np.bool_(True)}, TypeError,
+     ["num_cpus_per_env_runner", "number"]),
+    ("debugging", {"seed": np.int64(-1)}, ValueError, ["seed"]),
+    ("rl_module", {"model_config": {"fcnet_hiddens": [8, np.float32(4)]}}, ValueError,
+     ["fcnet_hiddens"]),
+    ("rl_module", {"model_config": [("fcnet_hiddens", [8])]}, TypeError, ["model_config"]),
+    ("rl_module", {"rl_module_spec": 5}, TypeError, ["rl_module_spec", "RLModuleSpec"]),
+    ("rl_module", {"rl_module_spec": {"p0": 5}}, TypeError, ["rl_module_spec", "p0"]),
+    ("multi_agent", {"policies": {"p0": 5}}, TypeError, ["policies", "p0", "RLModuleSpec"]),
+    ("multi_agent", {"policies": {"p0", 3}}, TypeError, ["policies", "3"]),
+    ("multi_agent", {"policy_mapping_fn": "p0"}, TypeError, ["policy_mapping_fn"]),
 ]
 
 
@@ -287,3 +313,243 @@ def test_config__metrics_window_rule(smoothing, runners, window):
               .env_runners(num_env_runners=runners)
               .reporting(metrics_num_episodes_for_smoothing=smoothing))
     assert config.metrics_window == window
+
+
+# ---------------------------------------------------------------------- generated from the rows
+# Every setting's documented default: RLlib's (above) plus RunnerConfig's own and the
+# settings whose RLlib default the spec does not list.
+DOCUMENTED_DEFAULTS = {
+    **RLLIB_DEFAULTS,
+    "policy_mapping_fn": None,
+    "train_batch_size_per_learner": 4000,
+    "num_learners": 0,
+    "max_chunk_length": 256,
+    "autoreset_mode": "gymnax",
+    "shard_envs_across_devices": True,
+    "partial_reset_ratio": 16,
+    "check_finite": True,
+    "num_consecutive_sub_env_failures_tolerance": 100,
+    "model_config": {},
+    "rl_module_spec": None,
+}
+BUILDERS = ("environment", "env_runners", "training", "fault_tolerance", "multi_agent",
+            "rl_module", "reporting", "debugging", "evaluation")
+
+
+def _settings_of(builder):
+    return [name for name, setting in SETTINGS.items() if setting.builder == builder]
+
+
+def test_config__every_setting_has_its_documented_default():
+    config = jaxrunner.RunnerConfig()
+    assert set(SETTINGS) == set(DOCUMENTED_DEFAULTS)
+    assert {name: s.default for name, s in SETTINGS.items()} == DOCUMENTED_DEFAULTS
+    assert config.to_dict() == DOCUMENTED_DEFAULTS
+    assert repr(config) == "RunnerConfig({})"
+    # The defaults pass their own checks.
+    assert jaxrunner.RunnerConfig().update_from_dict(config.to_dict()).to_dict() == (
+        DOCUMENTED_DEFAULTS)
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_config__builder_signature_and_doc_list_its_settings(builder):
+    method = getattr(jaxrunner.RunnerConfig, builder)
+    names = _settings_of(builder)
+    assert names, builder
+    params = inspect.signature(method).parameters
+    assert list(params) == ["self", *names]
+    for name in names:
+        param = params[name]
+        assert param.default is NotProvided
+        assert param.kind is (inspect.Parameter.POSITIONAL_OR_KEYWORD if name == "env"
+                              else inspect.Parameter.KEYWORD_ONLY)
+        assert f"{name}: " in method.__doc__
+        assert f"Default: {DOCUMENTED_DEFAULTS[name]!r}." in " ".join(method.__doc__.split())
+    # Bound methods show the same keywords, without self.
+    assert list(inspect.signature(getattr(jaxrunner.RunnerConfig(), builder)).parameters) == (
+        names)
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_config__every_builder_rejects_an_unknown_keyword_with_the_close_match(builder):
+    config = jaxrunner.RunnerConfig()
+    before = config.to_dict()
+    name = _settings_of(builder)[0]
+    misspelt = name[:-2] + name[-1] + name[-2]  # last two letters swapped
+    with pytest.raises(TypeError) as info:
+        getattr(config, builder)(**{misspelt: DOCUMENTED_DEFAULTS[name]})
+    message = str(info.value)
+    assert f"{builder}()" in message and repr(misspelt) in message and repr(name) in message
+    assert config.to_dict() == before
+
+
+def test_config__builder_given_another_builders_setting_names_that_builder():
+    config = jaxrunner.RunnerConfig()
+    with pytest.raises(TypeError, match=r"config\.debugging\(seed=\.\.\.\)"):
+        config.env_runners(seed=3)
+    with pytest.raises(TypeError, match=r"config\.debugging\(seed=\.\.\.\)"):
+        config.env_runners(sed=3)  # a near miss of another builder's setting
+    with pytest.raises(TypeError, match="positionally"):
+        config.env_runners(4)
+    with pytest.raises(TypeError, match="both"):
+        config.environment("CartPole-v1", env="Pendulum-v1")
+    assert config.seed is None and config.env is None
+
+
+def test_config__copy_shares_no_container_and_keeps_every_value():
+    spec = jaxrunner.RLModuleSpec(model_config={"fcnet_hiddens": [4]})
+    mapping = lambda agent_id, episode: "p0"  # noqa: E731
+    original = (jaxrunner.RunnerConfig()
+                .multi_agent(policies={"p0": spec, "p1": None}, policy_mapping_fn=mapping)
+                .rl_module(rl_module_spec={"p0": spec})
+                .env_runners(num_envs_per_env_runner=3))
+    clone = original.copy()
+    assert clone.to_dict() == original.to_dict() and not clone.is_frozen
+    for name, value in original.to_dict().items():
+        if isinstance(value, (dict, list, set)):
+            assert getattr(clone, name) is not value, name
+    assert clone.policies["p0"] is not spec  # copied with its container
+    clone.policies["p0"].model_config["fcnet_hiddens"].append(8)
+    assert spec.model_config == {"fcnet_hiddens": [4]}
+    assert clone.policy_mapping_fn is mapping  # callables are shared, not copied
+    clone.env_runners(num_envs_per_env_runner=5)
+    assert original.num_envs_per_env_runner == 3
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_config__frozen_config_refuses_every_builder_and_attribute(builder):
+    config = jaxrunner.RunnerConfig().freeze()
+    name = _settings_of(builder)[0]
+    with pytest.raises(RuntimeError, match="frozen"):
+        getattr(config, builder)(**{name: DOCUMENTED_DEFAULTS[name]})
+    with pytest.raises(RuntimeError, match="frozen"):
+        setattr(config, name, DOCUMENTED_DEFAULTS[name])
+    assert config.to_dict() == DOCUMENTED_DEFAULTS
+    assert config.copy(copy_frozen=True).is_frozen
+
+
+def test_config__pickles_with_every_value():
+    # Remote runners receive the config through Ray, i.e. pickled.
+    config = (jaxrunner.RunnerConfig().environment("CartPole-v1", env_config={"a": 1})
+              .env_runners(num_envs_per_env_runner=4).debugging(seed=2).freeze())
+    restored = pickle.loads(pickle.dumps(config))
+    assert restored.to_dict() == config.to_dict() and restored.is_frozen
+
+
+# ---------------------------------------------------------------------- numpy scalars
+INT_SETTINGS = [name for name in SETTINGS if isinstance(DOCUMENTED_DEFAULTS[name], int)
+                and not isinstance(DOCUMENTED_DEFAULTS[name], bool)
+                and not name.startswith("num_cpus") and not name.startswith("num_gpus")]
+
+
+def test_config__int_settings_are_found():
+    assert {"num_envs_per_env_runner", "rollout_fragment_length", "max_chunk_length",
+            "num_env_runners", "metrics_num_episodes_for_smoothing"} <= set(INT_SETTINGS)
+
+
+@pytest.mark.parametrize("name", INT_SETTINGS)
+def test_config__numpy_integers_are_accepted_where_ints_are(name):
+    config = jaxrunner.RunnerConfig()
+    getattr(config, SETTINGS[name].builder)(**{name: np.int64(7)})
+    assert getattr(config, name) == 7 and type(getattr(config, name)) is int
+    config.update_from_dict({name: np.int32(5)})
+    assert getattr(config, name) == 5 and type(getattr(config, name)) is int
+    for bad in (np.float64(7.0), 7.0, np.bool_(True), True):
+        with pytest.raises(TypeError, match=name):
+            getattr(config, SETTINGS[name].builder)(**{name: bad})
+    assert getattr(config, name) == 5
+
+
+def test_config__numpy_scalars_elsewhere_become_python_values():
+    config = (jaxrunner.RunnerConfig()
+              .env_runners(num_gpus_per_env_runner=np.float32(0.5),
+                           num_cpus_per_env_runner=np.int64(2), explore=np.bool_(False))
+              .debugging(seed=np.uint32(3))
+              .rl_module(model_config={"fcnet_hiddens": [np.int64(8), 4]}))
+    values = (config.num_gpus_per_env_runner, config.num_cpus_per_env_runner, config.explore,
+              config.seed, config.model_config["fcnet_hiddens"])
+    assert values == (0.5, 2, False, 3, [8, 4])
+    assert [type(v) for v in values[:4]] == [float, int, bool, int]
+    assert [type(h) for h in values[4]] == [int, int]
+
+
+# ---------------------------------------------------------------------- model_config keys
+class _ScaledLinear(jaxrunner.RLModule):
+    """A custom module reading a model_config key the default module does not know."""
+
+    def init(self, key):
+        return {"w": jnp.zeros((4, self.action_dist_input_dim), jnp.float32)}
+
+    def _forward(self, params, batch):
+        logits = batch["obs"].reshape(batch["obs"].shape[0], -1) @ params["w"]
+        return {"action_dist_inputs": logits + self.model_config["logit_bias"]}
+
+
+def test_config__default_module_rejects_unknown_model_config_key_with_close_match():
+    config = jaxrunner.RunnerConfig().rl_module(model_config={"fcnet_hiddens": [8]})
+    with pytest.raises(ValueError) as info:
+        config.rl_module(model_config={"fcnet_hidden": [64, 64]})
+    message = str(info.value)
+    assert "'fcnet_hidden'" in message and "Did you mean 'fcnet_hiddens'" in message
+    for key in DEFAULT_MLP_MODEL_CONFIG_KEYS:
+        assert repr(key) in message
+    assert config.model_config == {"fcnet_hiddens": [8]}  # unchanged
+    with pytest.raises(ValueError, match="'vf_share_layers'"):
+        config.model_config = {"fcnet_hiddens": [8], "vf_share_layers": True}
+    # Through a spec of the default module, too.
+    with pytest.raises(ValueError, match="RLModuleSpec.model_config.*fcnet_activations"):
+        config.rl_module(rl_module_spec=jaxrunner.RLModuleSpec(
+            model_config={"fcnet_activations": "relu"}))
+    with pytest.raises(ValueError, match="fcnet_activation"):
+        config.multi_agent(policies={"p0": jaxrunner.RLModuleSpec(
+            module_class=jaxrunner.DefaultMLPModule, model_config={"fcnet_activation": "x"})})
+    assert config.rl_module_spec is None and config.policies == {"default_policy"}
+
+
+def test_config__custom_module_gets_any_model_config_keys():
+    custom = jaxrunner.RLModuleSpec(module_class=_ScaledLinear)
+    # In the same call, after the spec, or through a multi-agent policies spec.
+    config = jaxrunner.RunnerConfig().rl_module(model_config={"logit_bias": 1.0},
+                                                rl_module_spec=custom)
+    config.rl_module(model_config={"logit_bias": 2.0, "fcnet_hiddens": [8]})
+    assert config.model_config == {"logit_bias": 2.0, "fcnet_hiddens": [8]}
+    multi = (jaxrunner.RunnerConfig()
+             .multi_agent(policies={"p0": custom, "p1": None})
+             .rl_module(model_config={"logit_bias": 0.5}))
+    assert multi.model_config == {"logit_bias": 0.5}
+    # Going back to the default module with a key it would ignore is refused.
+    with pytest.raises(ValueError, match="logit_bias"):
+        config.rl_module(rl_module_spec=None)
+    with pytest.raises(ValueError, match="logit_bias"):
+        multi.multi_agent(policies={"p0", "p1"})
+    assert config.rl_module_spec is custom and multi.policies == {"p0": custom, "p1": None}
+
+
+def test_config__custom_module_receives_the_config_model_config(cartpole_config):
+    config = cartpole_config().rl_module(
+        model_config={"logit_bias": 3.0},
+        rl_module_spec=jaxrunner.RLModuleSpec(module_class=_ScaledLinear))
+    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    assert runner.module.model_config["logit_bias"] == 3.0
+    batch = runner.sample(num_timesteps=4)
+    logits = np.concatenate([e.extra_model_outputs["action_dist_inputs"] for e in batch])
+    np.testing.assert_allclose(logits, 3.0)
+
+
+def test_config__default_module_reads_every_known_key():
+    # The known keys are exactly what changes DefaultMLPModule: widths and activation.
+    obs_space, act_space = gym.spaces.Box(-1.0, 1.0, (3,)), gym.spaces.Discrete(2)
+    key, obs = jax.random.key(0), {"obs": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)}
+
+    def build(**model_config):
+        module = jaxrunner.DefaultMLPModule(obs_space, act_space, model_config)
+        params = module.init(key)
+        return params, module.forward_inference(params, obs)["action_dist_inputs"]
+
+    assert set(DEFAULT_MLP_MODEL_CONFIG_KEYS) == {"fcnet_hiddens", "fcnet_activation"}
+    params, tanh_out = build(fcnet_hiddens=[5], fcnet_activation="tanh")
+    assert params["pi"]["Dense_0"]["kernel"].shape == (3, 5)
+    _, relu_out = build(fcnet_hiddens=[5], fcnet_activation="relu")
+    assert not np.allclose(tanh_out, relu_out)
+    default_params, _ = build()
+    assert default_params["pi"]["Dense_0"]["kernel"].shape == (3, 256)

@@ -238,3 +238,57 @@ def test_normalize_and_clip_actions__unit():
                                     env_dtype=jnp.float32)
     _, out = piece((), jnp.array([[-1.0, 1.0], [0.0, 0.0], [5.0, -5.0]]), None)
     np.testing.assert_allclose(out, [[-2.0, 10.0], [0.0, 5.0], [2.0, 0.0]])
+
+
+# ---------------------------------------------------------------------- spaces from the pipeline
+def test_pieces_without_spaces_get_them_from_the_pipeline():
+    """RLlib style: no piece is given a space; each gets the one it receives (after the
+    default FlattenObservations of the Dict env and the pieces before it), and the
+    samples equal those of the same pieces built with explicit spaces."""
+    seen = {}
+
+    def implicit(env, spaces, device):
+        seen.update(spaces)
+        return [MeanStdFilter(), PrevActionsPrevRewards(), FrameStacking(num_frames=2)]
+
+    def explicit(env, spaces, device):
+        act_space = spaces["__env_single__"][1]
+        flat = gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)
+        return [MeanStdFilter(flat),
+                PrevActionsPrevRewards(gym.spaces.Box(-10, 10, (5,), np.float32), act_space),
+                FrameStacking(gym.spaces.Box(-np.inf, np.inf, (8,), np.float32), 2)]
+
+    batches = []
+    for factory in (implicit, explicit):
+        config = _config(DictObsEnv(), env_to_module_connector=factory).rl_module(
+            rl_module_spec=jr.RLModuleSpec(LinearModule))
+        runner = jr.SingleAgentEnvRunner(config=config)
+        # Dict (2 + 3 one-hot) -> flat 5 -> + previous action (2) and reward (1) -> x 2 frames
+        assert runner.get_spaces()["default_policy"][0].shape == (16,)
+        batches.append(jax.device_get(runner.sample(num_timesteps=40).trajectory()))
+    assert isinstance(seen["__env_single__"][0], gym.spaces.Dict)  # the env's own spaces
+    implicit_traj, explicit_traj = batches
+    np.testing.assert_array_equal(implicit_traj.actions, explicit_traj.actions)
+    np.testing.assert_array_equal(
+        implicit_traj.extra_model_outputs["action_dist_inputs"],
+        explicit_traj.extra_model_outputs["action_dist_inputs"])
+
+
+def test_pieces_without_spaces_outside_a_pipeline_say_how_to_get_them():
+    with pytest.raises(ValueError, match="connector pipeline"):
+        MeanStdFilter().init_state(2)
+    with pytest.raises(ValueError, match="action space"):
+        PrevActionsPrevRewards().recompute_observation_space(gym.spaces.Box(-1, 1, (3,)))
+    with pytest.raises(TypeError, match=r"FrameStacking\(num_frames=4\)"):
+        FrameStacking(4)
+    # A pipeline built by hand binds like the runner's.
+    from jaxrunner.connectors import ConnectorPipeline
+
+    pipeline = ConnectorPipeline([MeanStdFilter(), FrameStacking(num_frames=3)])
+    out = pipeline.recompute_observation_space(gym.spaces.Box(-1, 1, (4,), np.float32))
+    assert out.shape == (12,)
+    state = pipeline.init_state(2)
+    assert state[0]["base"][1].shape == (4,) and state[1].shape == (2, 12)
+    with pytest.raises(ValueError, match="Box"):
+        ConnectorPipeline([MeanStdFilter()]).recompute_observation_space(
+            gym.spaces.Discrete(3))

@@ -190,3 +190,120 @@ def test_module_with_unsupported_action_space_is_a_clear_error():
 def test_module_class_that_is_not_an_rlmodule_is_a_clear_error():
     with pytest.raises(TypeError, match="subclass of jaxrunner.RLModule"):
         jr.SingleAgentEnvRunner(config=_config(spec=jr.RLModuleSpec(module_class=nn.Dense)))
+
+
+# ---------------------------------------------------------------------- recurrent linen / nnx
+def _check_recurrent_rollout(runner, step):
+    """Samples across cuts and checks every finished episode's logits against a host loop
+    that starts from the initial state and feeds `state_out` back: `step(params, state,
+    obs (1, F)) -> (state, logits (1, D))`."""
+    params = runner.get_state()["rl_module"]
+    episodes, finished = {}, []
+    for _ in range(40):
+        for chunk in runner.sample(num_timesteps=6):
+            if chunk.id_ in episodes:
+                episodes[chunk.id_].concat_episode(chunk)
+            elif chunk.t_started == 0:
+                episodes[chunk.id_] = chunk
+            if chunk.is_done and chunk.id_ in episodes:
+                finished.append(episodes.pop(chunk.id_))
+    assert len(finished) >= 3
+    assert any(len(e) > 6 for e in finished), "an episode spanned several sample() calls"
+    initial = jax.tree.map(lambda x: jnp.asarray(x)[None], runner.module.get_initial_state())
+    for episode in finished:
+        state, logits = initial, []
+        for obs in episode.observations[:-1]:
+            state, out = step(params, state, jnp.asarray(obs, jnp.float32)[None])
+            logits.append(np.asarray(out[0]))
+        np.testing.assert_allclose(episode.extra_model_outputs["action_dist_inputs"],
+                                   np.stack(logits), rtol=1e-4, atol=1e-5)
+
+
+def test_recurrent_linen_module__gru_example_carries_and_resets_state():
+    from jaxrunner.modules import GRUModule
+
+    spec = jr.RLModuleSpec(GRUModule, model_config={"gru_size": 8, "fcnet_hiddens": [8]})
+    runner = jr.SingleAgentEnvRunner(config=_config(num_envs=3, fragment=4, spec=spec))
+    module = runner.module
+    assert module.is_stateful() and module.inference_only
+    assert jax.tree.map(jnp.shape, module.get_initial_state()) == {"h": (8,)}
+
+    def step(params, state, obs):
+        out = module.forward_inference(params, {"obs": obs, "state_in": state})
+        return out["state_out"], out["action_dist_inputs"]
+
+    _check_recurrent_rollout(runner, step)
+    # The full module (for a learner) adds the value head on the same GRU state.
+    full = jr.RLModuleSpec(GRUModule, observation_space=module.observation_space,
+                           action_space=module.action_space,
+                           model_config={"gru_size": 8, "fcnet_hiddens": [8]}).build()
+    params = full.init(jax.random.key(0))
+    out = full.forward_train(params, {"obs": jnp.zeros((5, 4)),
+                                      "state_in": {"h": jnp.zeros((5, 8))}})
+    assert out["vf_preds"].shape == (5,) and out["state_out"]["h"].shape == (5, 8)
+
+
+class CounterLinen(LinenRLModule):
+    """A hand-written recurrent linen module: the state counts steps since the episode
+    started, and the logits are (count, -count)."""
+
+    def get_initial_state(self):
+        return {"count": jnp.zeros((), jnp.float32)}
+
+    def make_network(self):
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, obs, state_in):
+                count = state_in["count"] + 1.0
+                scale = self.param("scale", nn.initializers.ones, ())
+                logits = scale * jnp.stack([count, -count], axis=-1)
+                return logits, {"count": count}
+
+        return Net()
+
+
+class CounterNNX(NNXRLModule):
+    """The same counter as an NNX model."""
+
+    def get_initial_state(self):
+        return {"count": jnp.zeros((), jnp.float32)}
+
+    def make_model(self, rngs):
+        class Model(nnx.Module):
+            def __init__(self):
+                self.scale = nnx.Param(jnp.ones(()))
+
+            def __call__(self, obs, state_in):
+                count = state_in["count"] + 1.0
+                return self.scale * jnp.stack([count, -count], axis=-1), {"count": count}
+
+        return Model()
+
+
+@pytest.mark.parametrize("module_class", [CounterLinen, CounterNNX])
+def test_recurrent_linen_and_nnx_modules__state_counts_steps_of_each_episode(module_class):
+    runner = jr.SingleAgentEnvRunner(config=_config(num_envs=3, fragment=4,
+                                                    spec=jr.RLModuleSpec(module_class)))
+    assert runner.module.is_stateful()
+    for _ in range(6):
+        batch = runner.sample(num_timesteps=6)
+        for episode in batch:
+            counts = episode.extra_model_outputs["state_out"]["count"]
+            # Steps t_started+1 .. t of the episode: reset at the start, carried over cuts.
+            np.testing.assert_array_equal(
+                counts, np.arange(episode.t_started + 1, episode.t + 1, dtype=np.float32))
+
+
+def test_recurrent_linen_network_must_return_state():
+    class Forgetful(CounterLinen):
+        def make_network(self):
+            class Net(nn.Module):
+                @nn.compact
+                def __call__(self, obs, state_in):
+                    return nn.Dense(2)(obs)
+
+            return Net()
+
+    # The runner reports the module's TypeError in its module check (a ValueError).
+    with pytest.raises((TypeError, ValueError), match=r"\(outputs, state_out\).*got an array"):
+        jr.SingleAgentEnvRunner(config=_config(spec=jr.RLModuleSpec(Forgetful)))

@@ -4,12 +4,15 @@ after a node is removed its runner is restarted on another node and sampling con
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import ray
 from ray.cluster_utils import Cluster
 
 import distributed_helpers as helpers
 from jaxrunner import EnvRunnerGroup
+from jaxrunner.fork_warning import ignore_subprocess_fork_warning
 
 pytestmark = pytest.mark.ray
 
@@ -18,9 +21,13 @@ _NODE = {"num_cpus": 1, "object_store_memory": 80 * 1024**2}
 
 @pytest.fixture
 def cluster():
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={**_NODE, "include_dashboard": False})
-    workers = [cluster.add_node(**_NODE) for _ in range(2)]
+    # Ray starts each node's processes through subprocess: no JAX fork warning for those
+    # (pytest resets the filter `import jaxrunner` installed; see jaxrunner.fork_warning).
+    with warnings.catch_warnings():
+        ignore_subprocess_fork_warning()
+        cluster = Cluster(initialize_head=True,
+                          head_node_args={**_NODE, "include_dashboard": False})
+        workers = [cluster.add_node(**_NODE) for _ in range(2)]
     try:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)

@@ -4,6 +4,8 @@ the module, shut down at its end).
 A group without restarts: metrics merged exactly, parallel sampling, weight sync, node
 reports, object-ref batches, foreach and async calls, connector state sync, sample
 timeouts, and (last) `ignore_env_runner_failures` carrying on after a runner is killed.
+Concurrency and lateness are shown by the order of events and by gates the test opens
+(a `CallLog` actor), never by measured durations or by sleeping past a timeout.
 
 A group with restarts: runner processes SIGKILLed in the middle of `sample()` come back
 with the same `worker_index` and the group's current weights, connector states and
@@ -11,17 +13,102 @@ lifetime counter before they sample again; no returned batch is corrupted."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 import time
 
 import numpy as np
 import pytest
 import ray
+import ray.cloudpickle
 
 import distributed_helpers as helpers
 from jaxrunner import EnvRunnerGroup
 
 pytestmark = pytest.mark.ray
+
+# The functions and the actor class below run in the runner processes, which cannot import
+# this test module: Ray sends them by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+GATE_TIMEOUT_S = 120.0  # only a guard against hanging: a passing run never waits it out
+
+
+@ray.remote(num_cpus=0)
+class CallLog:
+    """Events in the order they reach this actor, barriers and gates.
+
+    Runners report `("start", worker_index)` and `("finish", worker_index)` around calls;
+    the test opens gates (`open`, recorded as `("open", name)`) that runners wait at. Each
+    wait gives up after `timeout_s` and returns False, so a broken run fails instead of
+    hanging.
+    """
+
+    def __init__(self):
+        self.events: list[tuple] = []
+        self._gates: dict[str, asyncio.Event] = {}
+        self._arrived: dict[str, int] = {}
+
+    def _gate(self, name: str) -> asyncio.Event:
+        return self._gates.setdefault(name, asyncio.Event())
+
+    async def record(self, event: tuple) -> None:
+        self.events.append(event)
+
+    async def open(self, name: str) -> None:
+        self.events.append(("open", name))
+        self._gate(name).set()
+
+    async def wait(self, name: str, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._gate(name).wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def arrive(self, name: str, event: tuple, parties: int, timeout_s: float) -> bool:
+        """Records `event`, then waits until `parties` callers have arrived at `name`."""
+        self.events.append(event)
+        self._arrived[name] = self._arrived.get(name, 0) + 1
+        if self._arrived[name] >= parties:
+            self._gate(name).set()
+        return await self.wait(name, timeout_s)
+
+    async def get_events(self) -> list[tuple]:
+        return list(self.events)
+
+
+def instrument_sample(runner, log, *, barrier: int = 0, gate: str | None = None) -> None:
+    """Makes `runner.sample()` report to `log`: `("start", i)` when it is called (after
+    waiting for `barrier` runners to be inside `sample()` too, or for the test to open
+    `gate`), `("finish", i)` when the sample is done. A wait that timed out is recorded
+    as `("gave up waiting", i)`."""
+    inner = type(runner).sample.__get__(runner)
+    index = runner.worker_index
+
+    def sample(**kwargs):
+        if barrier:
+            waited = ray.get(log.arrive.remote("barrier", ("start", index), barrier,
+                                               GATE_TIMEOUT_S))
+        else:
+            ray.get(log.record.remote(("start", index)))
+            waited = gate is None or ray.get(log.wait.remote(gate, GATE_TIMEOUT_S))
+        if not waited:
+            ray.get(log.record.remote(("gave up waiting", index)))
+        batch = inner(**kwargs)
+        ray.get(log.record.remote(("finish", index)))
+        return batch
+
+    runner.sample = sample
+
+
+def restore_sample(runner) -> None:
+    runner.__dict__.pop("sample", None)
+
+
+def wait_at(log, gate: str) -> bool:
+    return ray.get(log.wait.remote(gate, GATE_TIMEOUT_S))
 
 
 @pytest.fixture(scope="module")
@@ -89,25 +176,25 @@ def test_get_metrics__means_over_all_episodes_of_all_runners(group):
 
 
 def test_sample__runners_sample_at_the_same_time(group):
-    group.foreach_env_runner(lambda r: setattr(r, "sample_delay_s", 1.0),
+    # Each runner waits inside sample() until both are inside it: a group that called its
+    # runners one after the other would leave the first waiting alone.
+    log = CallLog.remote()
+    group.foreach_env_runner(instrument_sample, kwargs={"log": log, "barrier": 2},
                              local_env_runner=False)
     try:
-        start = time.time()
         batches = group.sample(num_timesteps=32)
-        wall = time.time() - start
     finally:
-        group.foreach_env_runner(lambda r: setattr(r, "sample_delay_s", 0.0),
-                                 local_env_runner=False)
+        group.foreach_env_runner(restore_sample, local_env_runner=False)
     assert len(batches) == 2
     for batch in batches:
         helpers.check_batch(batch)
         assert batch.env_steps == 32
     # Different runners: different episode ids.
     assert not {e.id_ for e in batches[0]} & {e.id_ for e in batches[1]}
-    (s1, e1), (s2, e2) = group.foreach_env_runner(lambda r: r.sample_intervals[-1],
-                                                  local_env_runner=False)
-    assert max(s1, s2) < min(e1, e2), "the two samples did not overlap in time"
-    assert wall < (e1 - s1) + (e2 - s2)
+    events = ray.get(log.get_events.remote())
+    assert sorted(events[:2]) == [("start", 1), ("start", 2)], events
+    assert sorted(events[2:]) == [("finish", 1), ("finish", 2)], (
+        f"both runners must be inside sample() before either finishes: {events}")
 
 
 def test_sync_weights__one_put_and_visible_in_the_next_batch(group, monkeypatch):
@@ -186,25 +273,32 @@ def test_sample_get_state_and_metrics__batch_by_reference(group):
 
 
 def test_foreach_async__in_flight_limit_tags_and_timeouts(group):
-    slow = lambda r: (time.sleep(1.0), r.worker_index)[1]  # noqa: E731
-    assert group.foreach_env_runner_async(slow, tag="slow") == 2
-    assert group.foreach_env_runner_async(slow, tag="slow") == 0  # 1 in flight per runner
+    log = CallLog.remote()
+    gated = lambda r: (wait_at(log, "slow"), r.worker_index)[1]  # noqa: E731
+    assert group.foreach_env_runner_async(gated, tag="slow") == 2
+    assert group.foreach_env_runner_async(gated, tag="slow") == 0  # 1 in flight per runner
     assert group.num_in_flight_async_reqs() == 2
-    assert group.fetch_ready_async_reqs(tags="other", timeout_seconds=5.0) == []
+    assert group.fetch_ready_async_reqs(tags="other", timeout_seconds=0.5) == []
+    # Nothing is ready while the calls wait at the closed gate.
+    assert group.fetch_ready_async_reqs(tags=["slow"], timeout_seconds=0.5) == []
+    assert group.num_in_flight_async_reqs() == 2
+    ray.get(log.open.remote("slow"))
     ready = []
-    deadline = time.time() + 60
+    deadline = time.time() + 120
     while len(ready) < 2 and time.time() < deadline:
         ready += group.fetch_ready_async_reqs(tags=["slow"], timeout_seconds=5.0)
     assert sorted(ready) == [(1, 1), (2, 2)]
     assert group.num_in_flight_async_reqs() == 0
     assert group.foreach_env_runner_async("ping", remote_worker_ids=[2]) == 1
     assert group.fetch_ready_async_reqs(timeout_seconds=30.0) == [(2, "pong")]
-    # Late results are dropped and counted; the runners stay healthy.
+    # Late results are dropped and counted; the runners stay healthy. The calls cannot
+    # finish before the timeout: they wait at a gate opened only afterwards.
     dropped = group.num_env_runners_dropped_lifetime()
-    late = group.foreach_env_runner(lambda r: (time.sleep(2.0), r.worker_index)[1],
+    late = group.foreach_env_runner(lambda r: (wait_at(log, "late"), r.worker_index)[1],
                                     local_env_runner=False, timeout_seconds=0.2)
     assert late == []
     assert group.num_env_runners_dropped_lifetime() == dropped + 2
+    ray.get(log.open.remote("late"))
     assert group.healthy_env_runner_ids() == [1, 2]
     refs = group.foreach_env_runner("worker_index", local_env_runner=False,
                                     return_obj_refs=True)
@@ -237,20 +331,27 @@ def test_sync_env_runner_states__merged_connector_states_and_lifetime(group):
 
 
 def test_sample__late_results_are_dropped_and_counted(group):
-    group.foreach_env_runner(lambda r: setattr(r, "sample_delay_s", 4.0),
+    # Runner 2's sample() waits at a gate that opens only after the group gave up on it.
+    log = CallLog.remote()
+    group.foreach_env_runner(instrument_sample, kwargs={"log": log, "gate": "late sample"},
                              remote_worker_ids=[2], local_env_runner=False)
     before = group.get_metrics()["fault_tolerance"]
-    batches = group.sample(num_timesteps=32, timeout_seconds=1.0)
-    assert len(batches) == 1 and batches[0].env_steps == 32
-    group.foreach_env_runner(lambda r: setattr(r, "sample_delay_s", 0.0),
-                             remote_worker_ids=[2], local_env_runner=False)
-    deadline = time.time() + 60
+    try:
+        batches = group.sample(num_timesteps=32, timeout_seconds=5.0)
+        assert len(batches) == 1 and batches[0].env_steps == 32
+    finally:
+        ray.get(log.open.remote("late sample"))
+    deadline = time.time() + 120
     while True:
         stats = group.get_metrics()["fault_tolerance"]
         if stats["num_env_steps_dropped_lifetime"] > before["num_env_steps_dropped_lifetime"]:
             break
         assert time.time() < deadline, "the late batch never arrived"
         time.sleep(0.5)
+    group.foreach_env_runner(restore_sample, remote_worker_ids=[2], local_env_runner=False)
+    # The dropped batch is the one that finished after the gate opened.
+    assert ray.get(log.get_events.remote()) == [("start", 2), ("open", "late sample"),
+                                                ("finish", 2)]
     assert stats["num_env_runner_sample_timeouts"] == before["num_env_runner_sample_timeouts"] + 1
     assert stats["num_env_steps_dropped_lifetime"] == before[
         "num_env_steps_dropped_lifetime"] + 32

@@ -20,7 +20,8 @@ from jaxrunner.distributed.actor_manager import (
     FaultTolerantActorManager,
     RunnerSlot,
 )
-from jaxrunner.distributed.metrics import GroupCounters, aggregate
+from jaxrunner.distributed.metrics import GroupCounters, aggregate, merge_windows
+from jaxrunner.distributed.sample_args import check_sample_args
 from jaxrunner.distributed.remote_runner import RunnerNotRestoredError, actor_options
 
 from distributed_helpers import forcing_action
@@ -96,6 +97,23 @@ def test_group__bad_input_is_a_clear_error(local_group):
     assert not ray.is_initialized()
 
 
+def test_group__of_multi_agent_runners_takes_jaxmarl_ids():
+    pytest.importorskip("jaxmarl")
+    config = (jaxrunner.RunnerConfig().environment("jaxmarl/MPE_simple_spread_v3")
+              .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=30)
+              .rl_module(model_config={"fcnet_hiddens": [8]})
+              .multi_agent(policies={"shared"}).debugging(seed=0))
+    with EnvRunnerGroup(config=config) as group:
+        assert isinstance(group.local_env_runner, jaxrunner.MultiAgentEnvRunner)
+        (batch,) = group.sample()
+        assert sum(len(e) for e in batch) == 60
+        metrics = group.get_metrics()
+        assert set(metrics["agent_episode_return_mean"]) == {"agent_0", "agent_1", "agent_2"}
+        assert metrics["module_episode_return_mean"].keys() == {"shared"}
+        assert metrics["num_module_steps_sampled_lifetime"] == {
+            "shared": sum(e.agent_steps() for e in batch)}
+
+
 def test_group__stop_is_idempotent():
     group = EnvRunnerGroup(config=small_config())
     group.stop()
@@ -159,6 +177,94 @@ def test_aggregate__episode_means_over_all_runners_episodes():
     empty = aggregate([({"num_env_steps_sampled": 0, "num_episodes": 0},
                         {k: v[:0] for k, v in window_b.items()})], GroupCounters())
     assert "episode_return_mean" not in empty
+
+
+def _ma_window(returns, agents: dict, modules: dict) -> dict:
+    returns = np.asarray(returns, np.float64)
+    return {"episode_return": returns, "episode_len": np.full(len(returns), 10),
+            "episode_duration_sec": np.full(len(returns), 0.1),
+            "agent_episode_return": {k: np.asarray(v, np.float64) for k, v in agents.items()},
+            "module_episode_return": {k: np.asarray(v, np.float64)
+                                      for k, v in modules.items()}}
+
+
+def test_aggregate__per_agent_and_per_module_means_pool_all_runners_episodes():
+    # Runner a: 3 episodes of a0 (p0), 1 of a1 (p1); runner b: 1 of a0, none of a1, and
+    # an agent a2 (also p1) only it has. Means are over pooled episodes.
+    window_a = _ma_window([3.0, 6.0, 9.0], {"a0": [1.0, 2.0, 3.0], "a1": [2.0]},
+                          {"p0": [1.0, 2.0, 3.0], "p1": [2.0]})
+    window_b = _ma_window([40.0], {"a0": [10.0], "a1": [], "a2": [30.0]},
+                          {"p0": [10.0], "p1": [30.0]})
+    metrics_a = {"num_env_steps_sampled": 30, "num_episodes": 3,
+                 "num_agent_steps_sampled": {"a0": 30, "a1": 12},
+                 "num_module_steps_sampled": {"p0": 30, "p1": 12}}
+    metrics_b = {"num_env_steps_sampled": 10, "num_episodes": 1,
+                 "num_agent_steps_sampled": {"a0": 10, "a1": 0, "a2": 10},
+                 "num_module_steps_sampled": {"p0": 10, "p1": 10}}
+    counters = GroupCounters()
+    out = aggregate([(metrics_a, window_a), (metrics_b, window_b)], counters)
+    assert out["agent_episode_return_mean"] == pytest.approx(
+        {"a0": 16.0 / 4, "a1": 2.0, "a2": 30.0})  # not ((2 + 10) / 2) for a0
+    assert out["module_episode_return_mean"] == pytest.approx({"p0": 16.0 / 4, "p1": 16.0})
+    assert out["episode_return_mean"] == pytest.approx(58.0 / 4)
+    assert out["num_agent_steps_sampled"] == {"a0": 40, "a1": 12, "a2": 10}
+    assert out["num_module_steps_sampled"] == {"p0": 40, "p1": 22}
+    assert out["num_agent_steps_sampled_lifetime"] == {"a0": 40, "a1": 12, "a2": 10}
+    again = aggregate([(metrics_b, window_b)], counters)  # lifetime counters add up
+    assert again["num_agent_steps_sampled_lifetime"] == {"a0": 50, "a1": 12, "a2": 20}
+    assert again["num_module_steps_sampled_lifetime"] == {"p0": 50, "p1": 32}
+    assert again["agent_episode_return_mean"] == pytest.approx({"a0": 10.0, "a2": 30.0})
+    # No episode at all: no per-id means (as a runner reports it), counters still there.
+    empty = _ma_window([], {"a0": []}, {"p0": []})
+    none = aggregate([({"num_env_steps_sampled": 0, "num_episodes": 0,
+                        "num_agent_steps_sampled": {"a0": 0}}, empty)], GroupCounters())
+    assert "agent_episode_return_mean" not in none
+    assert "module_episode_return_mean" not in none
+    assert none["num_agent_steps_sampled"] == {"a0": 0}
+
+
+def test_merge_windows__single_agent_windows_have_no_per_id_entries():
+    window = {"episode_return": np.array([1.0]), "episode_len": np.array([2]),
+              "episode_duration_sec": np.array([0.5])}
+    merged = merge_windows([window, window])
+    assert set(merged) == {"episode_return", "episode_len", "episode_duration_sec"}
+    np.testing.assert_array_equal(merged["episode_len"], [2, 2])
+    out = aggregate([({"num_env_steps_sampled": 4, "num_episodes": 1,
+                       "num_agent_steps_sampled": {"default_agent": 4},
+                       "num_module_steps_sampled": {"default_policy": 4}}, window)],
+                    GroupCounters())
+    assert out["agent_episode_return_mean"] == {"default_agent": 1.0}
+    assert out["module_episode_return_mean"] == {"default_policy": 1.0}
+    assert out["num_agent_steps_sampled_lifetime"] == {"default_agent": 4}
+    assert out["num_module_steps_sampled_lifetime"] == {"default_policy": 4}
+
+
+BAD_SAMPLE_ARGS = [
+    dict(num_timesteps=8, num_episodes=1),
+    dict(num_timesteps=-1),
+    dict(num_episodes=2.0),
+    dict(num_timesteps=True),
+    dict(num_timesteps=8, explore="yes"),
+    dict(num_timesteps=8, random_actions=1),
+    dict(num_timesteps=8, force_reset=None),
+]
+
+
+@pytest.mark.parametrize("kwargs", BAD_SAMPLE_ARGS)
+def test_check_sample_args__same_error_as_the_runner(local_group, kwargs):
+    with pytest.raises(jaxrunner.SampleArgumentError) as in_driver:
+        check_sample_args(**kwargs)
+    with pytest.raises(jaxrunner.SampleArgumentError) as in_runner:
+        local_group.local_env_runner.sample(**kwargs)
+    assert str(in_driver.value) == str(in_runner.value)
+    assert isinstance(in_driver.value, ValueError) and isinstance(in_driver.value, AssertionError)
+
+
+def test_check_sample_args__accepts_what_the_runner_accepts():
+    for kwargs in (dict(), dict(num_timesteps=0), dict(num_episodes=np.int64(3)),
+                   dict(num_timesteps=5, explore=False, random_actions=True,
+                        force_reset=True)):
+        assert check_sample_args(**kwargs) is None
 
 
 def test_actor_options__jax_platform_memory_flags_and_restarts():

@@ -5,8 +5,10 @@ from __future__ import annotations
 import gymnasium as gym
 import gymnax
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 from gymnax.environments import environment as gymnax_environment
 from gymnax.environments import spaces as gymnax_spaces
 from gymnax.environments.classic_control.cartpole import CartPole
@@ -168,6 +170,161 @@ def test_envs__spaces_are_gymnasium_and_batched():
     assert spaces["__env__"][0].shape == (3, 4)
     assert spaces["__env__"][1] == gym.spaces.MultiDiscrete([2, 2, 2])
     assert spaces["default_policy"] == (obs_space, act_space)
+
+
+# ----------------------------------------------------------------------------- env_config
+def test_envs__gymnax_id_env_config_sets_env_params_fields():
+    env, params, _ = make_jax_env("CartPole-v1", EnvContext({"max_steps_in_episode": 7,
+                                                             "gravity": 3}))
+    default = gymnax.make("CartPole-v1")[1]
+    assert params.max_steps_in_episode == 7 and isinstance(params.max_steps_in_episode, int)
+    # Same type as the default (a float field stays float: no new program argument types).
+    assert params.gravity == 3.0 and isinstance(params.gravity, float)
+    assert params.masscart == default.masscart
+
+
+def test_envs__gymnax_id_env_config_sets_constructor_args_and_fields_together():
+    env, params, _ = make_jax_env("Breakout-MinAtar", EnvContext(
+        {"use_minimal_action_set": False, "max_steps_in_episode": 50}))
+    assert env.num_actions == len(env.full_action_set) != len(env.minimal_action_set)
+    assert params.max_steps_in_episode == 50
+    assert registry_module.gymnax_env_config_keys("Breakout-MinAtar") == {
+        "params": ["max_steps_in_episode"], "constructor": ["use_minimal_action_set"]}
+
+
+def test_envs__gymnax_id_env_config_unknown_key_names_both_kinds_and_close_match():
+    with pytest.raises(ValueError) as info:
+        make_jax_env("CartPole-v1", EnvContext({"max_step_in_episode": 5}))
+    message = str(info.value)
+    assert "'max_step_in_episode'" in message and "Did you mean 'max_steps_in_episode'" in message
+    assert "EnvParams" in message and "constructor" in message
+    # The runner's error is the same, without advice to switch to gymnasium.
+    with pytest.raises(ValueError) as info:
+        jaxrunner.SingleAgentEnvRunner(config=make_config("CartPole-v1").environment(
+            env_config={"max_step_in_episode": 5}))
+    assert "max_steps_in_episode" in str(info.value) and "gymnasium" not in str(info.value)
+
+
+def test_envs__gymnax_id_env_config_of_the_wrong_type_is_value_error():
+    with pytest.raises(ValueError, match=r"max_steps_in_episode.*int"):
+        make_jax_env("CartPole-v1", EnvContext({"max_steps_in_episode": 7.5}))
+
+
+def test_envs__env_config_max_steps_truncates_runner_episodes():
+    config = make_config("CartPole-v1", num_envs=2).environment(
+        env_config={"max_steps_in_episode": 5})
+    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    assert runner.env_params.max_steps_in_episode == 5
+    batch = runner.sample(num_episodes=4, random_actions=True)
+    assert all(len(e) <= 5 for e in batch)
+    assert any(e.is_truncated and len(e) == 5 for e in batch)
+
+
+# ----------------------------------------------------------------------------- creator errors
+def test_envs__bug_in_a_creator_is_raised_as_is_not_as_a_retry_hint():
+    calls = []
+
+    def creator(ctx):
+        calls.append(1)
+        return gymnax.make("CartPole-v1", no_such_argument=1)  # TypeError: a bug
+
+    for restart in (False, True):
+        calls.clear()
+        config = make_config(creator).fault_tolerance(
+            restart_failed_sub_environments=restart)
+        with pytest.raises(TypeError) as info:
+            jaxrunner.SingleAgentEnvRunner(config=config)
+        assert "no_such_argument" in str(info.value)
+        notes = " ".join(getattr(info.value, "__notes__", []))
+        assert "creator" in notes and "not retried" in notes
+        assert "restart_failed_sub_environments" not in str(info.value) + notes
+        assert len(calls) == 1  # never retried
+
+
+def test_envs__creator_returning_the_env_class_is_a_clear_error(isolated_registry):
+    jaxrunner.register_env("a-class", lambda ctx: CartPole)
+    with pytest.raises(TypeError, match=r"returned the class CartPole.*CartPole\(\)"):
+        jaxrunner.SingleAgentEnvRunner(config=make_config("a-class"))
+    with pytest.raises(TypeError, match="returned the class CartPole"):
+        make_jax_env(lambda ctx: (CartPole, CartPole().default_params), EnvContext({}))
+
+
+@struct.dataclass
+class _NoTimeState:
+    x: jax.Array
+
+
+class NoTimeEnv(gymnax_environment.Environment):
+    """A gymnax env whose state has no `time` (gymnax's base step() needs it)."""
+
+    @property
+    def default_params(self):
+        return gymnax_environment.EnvParams(max_steps_in_episode=10)
+
+    def reset_env(self, key, params):
+        return jnp.zeros(2), _NoTimeState(x=jnp.zeros(()))
+
+    def step_env(self, key, state, action, params):
+        state = _NoTimeState(x=state.x + 1)
+        return jnp.zeros(2), state, jnp.float32(1.0), state.x > 5, {}
+
+    def observation_space(self, params):
+        return gymnax_spaces.Box(-1.0, 1.0, (2,))
+
+    def action_space(self, params):
+        return gymnax_spaces.Discrete(2)
+
+
+def test_envs__state_without_time_is_reported_as_such_not_as_tracing():
+    with pytest.raises(TypeError) as info:
+        jaxrunner.SingleAgentEnvRunner(config=make_config(NoTimeEnv()))
+    message = str(info.value)
+    assert "no `time` field" in message and "is_truncated" in message
+    assert "cannot be traced" not in message and "lax.cond" not in message
+
+
+@struct.dataclass
+class _TimeState:
+    x: jax.Array
+    time: int
+
+
+class OldDoneEnv(NoTimeEnv):
+    """Old-style gymnax env: `done` includes the time limit."""
+
+    def reset_env(self, key, params):
+        return jnp.zeros(2), _TimeState(x=jnp.zeros(()), time=0)
+
+    def step_env(self, key, state, action, params):
+        state = _TimeState(x=state.x + 1, time=state.time + 1)
+        done = jnp.logical_or(state.x > 100, state.time >= params.max_steps_in_episode)
+        return jnp.zeros(2), state, jnp.float32(1.0), done, {}
+
+
+class NewDoneEnv(OldDoneEnv):
+    """The same env with natural termination only (the gymnax 1.0 contract)."""
+
+    def step_env(self, key, state, action, params):
+        state = _TimeState(x=state.x + 1, time=state.time + 1)
+        return jnp.zeros(2), state, jnp.float32(1.0), state.x > 100, {}
+
+
+def test_envs__old_style_done_with_the_time_limit_warns_with_the_fix():
+    with pytest.warns(registry_module.OldStyleDoneWarning, match="natural termination only"):
+        runner = jaxrunner.SingleAgentEnvRunner(config=make_config(OldDoneEnv()))
+    # What the warning is about: time-outs come out terminated *and* truncated.
+    batch = runner.sample(num_episodes=2, random_actions=True)
+    assert all(e.is_terminated and len(e) == 10 for e in batch)
+
+
+def test_envs__natural_termination_only_does_not_warn():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", registry_module.OldStyleDoneWarning)
+        runner = jaxrunner.SingleAgentEnvRunner(config=make_config(NewDoneEnv()))
+    batch = runner.sample(num_episodes=2, random_actions=True)
+    assert all(e.is_truncated and not e.is_terminated and len(e) == 10 for e in batch)
 
 
 # ----------------------------------------------------------------------------- smoke matrix

@@ -1,5 +1,8 @@
 """Bad inputs (DESIGN.md "Errors users get"): an informative exception, and nothing broken.
 
+The bad arguments of `sample()` itself (both sizes, negative sizes, wrong types, and that
+they compile nothing) are part of the sample contract: tests/test_sample_contract.py.
+
 Each test checks that the message says what was wrong and what to do, and that sampling
 still works afterwards (the runner the error came from, or the shared runner and a runner
 built from the corrected config).
@@ -14,7 +17,7 @@ import pytest
 from gymnax.environments.classic_control.cartpole import CartPole
 
 import jaxrunner
-from jaxrunner import RLModuleSpec, SampleArgumentError, StateStructureError
+from jaxrunner import RLModuleSpec, StateStructureError
 
 from conftest import make_config
 
@@ -49,35 +52,6 @@ def test_errors__unknown_env_id(runner, compile_counter):
     fixed = jaxrunner.SingleAgentEnvRunner(config=config.environment("CartPole-v1"))
     fixed.assert_healthy()
     still_samples(runner)
-
-
-def test_errors__both_sizes(runner):
-    before = runner.sample(num_timesteps=NUM_ENVS)
-    with pytest.raises(SampleArgumentError) as info:
-        runner.sample(num_timesteps=4, num_episodes=1)
-    assert isinstance(info.value, ValueError) and isinstance(info.value, AssertionError)
-    assert "not both" in str(info.value)
-    still_samples(runner, before)
-
-
-@pytest.mark.parametrize("kwargs", [{"num_timesteps": -5}, {"num_episodes": -1}])
-def test_errors__negative_size(runner, kwargs):
-    before = runner.sample(num_timesteps=NUM_ENVS)
-    with pytest.raises(SampleArgumentError) as info:
-        runner.sample(**kwargs)
-    name, value = next(iter(kwargs.items()))
-    assert name in str(info.value) and str(value) in str(info.value)
-    assert ">= 0" in str(info.value)
-    still_samples(runner, before)
-
-
-def test_errors__sample_argument_errors_compile_nothing(compile_counter):
-    fresh = jaxrunner.SingleAgentEnvRunner(config=make_config(num_envs=NUM_ENVS, fragment=4))
-    compile_counter.reset()
-    for kwargs in ({"num_timesteps": 4, "num_episodes": 1}, {"num_timesteps": -1}):
-        with pytest.raises(SampleArgumentError):
-            fresh.sample(**kwargs)
-    assert compile_counter.count == 0, "\n".join(compile_counter.messages)
 
 
 @pytest.mark.parametrize("value", [0, -2])

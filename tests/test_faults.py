@@ -8,8 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gymnax.environments.classic_control.cartpole import CartPole
 
 import jaxrunner as jr
+from jaxrunner.core.rollout import mark_step_failed
 from jaxrunner.testing.envs import FlakyEnv
 
 PERIOD = 100  # about 1% of steps fail
@@ -79,9 +81,35 @@ def test_no_restart__raises_with_the_hint_and_next_sample_starts_clean():
     healthy = jr.SingleAgentEnvRunner(
         config=_config(restart=False).environment("CartPole-v1"))
     assert healthy.sample(num_timesteps=640).env_steps == 640
-    # The failing runner starts clean: every chunk begins at t_started 0.
-    with pytest.raises(RuntimeError):
+    # The failing runner keeps failing with the same clear error, and still counts.
+    failures = runner.get_metrics()["num_env_step_failures"]
+    with pytest.raises(RuntimeError, match="restart_failed_sub_environments=True"):
         runner.sample(num_timesteps=5000)
+    assert runner.get_metrics()["num_env_step_failures"] > failures
+
+
+class _FailsAtStepFive(CartPole):
+    """CartPole whose sub-envs fail on the 5th step of every episode (and on no other)."""
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, done, info = super().step_env(key, state, action, params)
+        return obs, state, reward, done, mark_step_failed(info, state.time == 5)
+
+
+def test_no_restart__the_sample_after_the_error_starts_fresh():
+    num_envs = 4
+    runner = jr.SingleAgentEnvRunner(config=_config(restart=False, num_envs=num_envs)
+                                     .environment(_FailsAtStepFive()))
+    first = runner.sample(num_timesteps=4 * num_envs)  # 4 steps: no episode reaches step 5
+    assert all(not e.is_done and e.t_started == 0 for e in first)
+    with pytest.raises(RuntimeError, match="failed at vector step 0 of this sample"):
+        runner.sample(num_timesteps=4 * num_envs)  # the 5th step of every episode fails
+    # Started fresh: new episodes from step 0 (a continued carry would be past step 5, and
+    # would continue the episodes of `first`).
+    batch = runner.sample(num_timesteps=4 * num_envs)
+    assert batch.env_steps == 4 * num_envs
+    assert all(e.t_started == 0 and len(e) == 4 for e in batch)
+    assert not {e.id_ for e in batch} & {e.id_ for e in first}
 
 
 def test_check_finite_off__nan_passes_through_unchecked():
@@ -107,7 +135,7 @@ def test_env_that_fails_forever_stops_with_a_clear_error():
         runner.sample(num_timesteps=640)
 
 
-def test_fault_check_does_not_recompile_or_change_clean_runs():
+def test_fault_check_does_not_change_clean_runs():
     clean = jr.SingleAgentEnvRunner(config=_config().environment("CartPole-v1"))
     unchecked = jr.SingleAgentEnvRunner(config=_config(check_finite=False).environment(
         "CartPole-v1"))
@@ -118,8 +146,36 @@ def test_fault_check_does_not_recompile_or_change_clean_runs():
     assert not a.failed.any()
 
 
+@pytest.mark.parametrize("mode", ["flag", "nan"])
+def test_failures_and_recreation_compile_nothing_after_the_first_calls(mode, compile_counter):
+    """Failure checks, recreation of failed sub-envs and the top-up to the asked size run
+    inside the compiled program: once a timestep call and an episode call have run, calls
+    with failures in them compile nothing (the `jax_log_compiles` counter stays at 0)."""
+    num_envs = 16
+    runner = jr.SingleAgentEnvRunner(config=_config(mode, num_envs=num_envs))
+    runner.sample(num_timesteps=1600)  # 100 vector steps: about 16 failures recovered
+    runner.sample(num_episodes=4)
+    failures_before = runner.get_metrics()["num_env_step_failures"]
+    assert failures_before > 0, "the warm-up should already have recovered failures"
+    assert compile_counter.count > 0  # the first calls compiled: the counter is listening
+    compile_counter.reset()
+    returned = 0
+    for n in (1, 37, 800, 1600, 2500):
+        batch = runner.sample(num_timesteps=n)
+        assert n <= batch.env_steps == sum(len(e) for e in batch)
+        returned += batch.env_steps
+    for k in (1, 6):
+        assert len(runner.sample(num_episodes=k)) == k
+    metrics = runner.get_metrics()
+    # Failures happened after the first calls, so the recovery path ran without compiling.
+    assert metrics["num_env_step_failures"] > failures_before
+    assert metrics["num_env_steps_discarded"] > 0
+    assert returned > 0
+    assert compile_counter.count == 0, "\n".join(compile_counter.messages)
+
+
 def test_mark_step_failed_helper_sets_the_documented_key():
-    from jaxrunner.core.rollout import FAILURE_INFO_KEY, mark_step_failed
+    from jaxrunner.core.rollout import FAILURE_INFO_KEY
 
     info = mark_step_failed({"x": 1}, jnp.bool_(True))
     assert FAILURE_INFO_KEY == "env_step_failed" and bool(info[FAILURE_INFO_KEY])

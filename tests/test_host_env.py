@@ -132,7 +132,8 @@ def test_env_instance_vector_env_and_creators_all_run_on_the_host():
     for spec in (gym.make("CartPole-v1"), vector, "host-cartpole-test",
                  lambda ctx: gym.make("CartPole-v1")):
         runner = jr.SingleAgentEnvRunner(config=make_config(spec, num_envs=3))
-        assert runner._host is not None
+        # Stepped on the host: the runner's env is a gymnasium vector env (as RLlib's).
+        assert isinstance(runner.env, gym.vector.VectorEnv) and runner.env.num_envs == 3
         batch = runner.sample(num_timesteps=30)
         assert 30 <= batch.env_steps == sum(len(e) for e in batch) < 33
         runner.stop()
@@ -508,7 +509,7 @@ def test_env_creation_failures_retry_with_restarts_else_raise_the_hint(kind, cap
         restart_failed_sub_environments=True)
     with caplog.at_level(logging.WARNING, logger=HOST_LOGGER):
         runner = jr.SingleAgentEnvRunner(config=config)
-    assert (runner._host is not None) == (kind == "host")
+    assert isinstance(runner.env, gym.vector.VectorEnv) == (kind == "host")
     assert runner.sample(num_timesteps=10).env_steps >= 10
     retries = [r for r in _error_records(caplog) if "Creating" in r.getMessage()]
     assert len(retries) == 2 and all(r.exc_info[0] is ConnectionError for r in retries)

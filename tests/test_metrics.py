@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -44,7 +45,7 @@ def test_metrics__keys_have_rllib_names(runner):
     assert metrics["module_episode_return_mean"]["default_policy"] == pytest.approx(
         metrics["episode_return_mean"])
     assert metrics["num_env_step_failures"] == 0
-    assert metrics["episode_duration_sec_mean"] >= 0.0
+    assert isinstance(metrics["episode_duration_sec_mean"], float)
     assert "sample" in metrics  # the sample timer
     for key in ("num_env_steps_sampled", "num_env_steps_sampled_lifetime", "num_episodes",
                 "num_episodes_lifetime", "episode_len_min", "episode_len_max"):
@@ -91,6 +92,30 @@ def test_metrics__smoothing_window_is_last_w_episodes(smoothing, num_env_runners
     all_lengths = np.array([n for _, n in finished])
     if not np.isclose(all_lengths.mean(), lengths.mean()):
         assert metrics["episode_len_mean"] != pytest.approx(all_lengths.mean())
+
+
+def test_metrics__episode_durations_lie_within_the_calls_wall_time():
+    """Each episode's duration is positive and no longer than the wall time of the
+    `sample()` call it ran in, taken by the test around the call (no speed asserted)."""
+    config = make_config(num_envs=NUM_ENVS, fragment=8)
+    config.reporting(metrics_num_episodes_for_smoothing=1000)  # the window keeps them all
+    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    before = time.perf_counter()
+    batch = runner.sample(num_episodes=4)  # a fresh runner: every episode starts in it
+    wall = time.perf_counter() - before
+    window = runner.get_metrics_window()
+    metrics = runner.get_metrics()
+    durations = window["episode_duration_sec"]
+    assert durations.dtype == np.float64
+    # The window holds the 4 returned episodes and any other that ended in the call.
+    assert len(durations) == metrics["num_episodes"] >= len(batch) == 4
+    lengths = window["episode_len"].tolist()
+    for episode in batch:  # the returned episodes are in the window
+        lengths.remove(len(episode))
+    assert np.all(durations > 0.0), durations
+    assert np.all(durations <= wall), (durations, wall)
+    assert metrics["episode_duration_sec_mean"] == pytest.approx(durations.mean())
+    assert 0.0 < metrics["episode_duration_sec_mean"] <= wall
 
 
 def test_metrics__cut_episode_counted_once_whole():

@@ -201,3 +201,45 @@ def test_train__cartpole_return_improves():
     last = history[-1]["episode_return_mean"]
     assert len(history) == 40 and history[-1]["env_steps"] == 40 * 8 * 64
     assert first < 35 and last > 2 * first, (first, last)
+
+
+# ---------------------------------------------------------------------- train() visibility
+UPDATE_STATS = ("total_loss", "policy_loss", "vf_loss", "entropy", "approx_kl",
+                "clip_fraction", "vf_explained_var")
+
+
+def test_train__history_has_update_stats_counter_continues_and_progress_prints(capsys):
+    runner = _runner(num_envs=4, fragment=16)
+    learner = PPOLearner.from_runner(runner, PPOConfig(num_minibatches=2, num_epochs=1))
+    first = learner.train(runner, num_iterations=2, log_interval_s=0.0)
+    second = learner.train(runner, num_iterations=3, verbose=False)
+    assert [row["iteration"] for row in first] == [0, 1]
+    assert [row["iteration"] for row in second] == [2, 3, 4]  # continues across calls
+    assert learner.iteration == 5 and learner.history == first + second
+    assert [row["env_steps"] for row in first + second] == [64 * i for i in range(1, 6)]
+    for row in first + second:
+        for name in UPDATE_STATS:
+            assert isinstance(row[name], float) and np.isfinite(row[name]), (name, row)
+        assert row["entropy"] > 0 and 0.0 <= row["clip_fraction"] <= 1.0
+        assert row["approx_kl"] >= -1e-6
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("iter ")]
+    assert [line.split()[1] for line in lines] == ["0", "1"]  # verbose=False printed nothing
+    assert "entropy" in lines[0] and "kl" in lines[0] and "clip" in lines[0]
+    runner.stop()
+
+
+def test_train__time_budget_stops_the_call():
+    runner = _runner(num_envs=4, fragment=16)
+    learner = PPOLearner.from_runner(runner, PPOConfig(num_minibatches=2, num_epochs=1))
+    # Any iteration takes longer than a microsecond: the budget ends the call after one.
+    history = learner.train(runner, num_iterations=50, time_budget_s=1e-6, verbose=False)
+    assert len(history) == 1
+    # Without num_iterations the budget alone decides.
+    history = learner.train(runner, time_budget_s=1e-6, verbose=False)
+    assert [row["iteration"] for row in history] == [1]
+    with pytest.raises(ValueError, match="num_iterations"):
+        learner.train(runner)
+    with pytest.raises(ValueError, match="time_budget_s"):
+        learner.train(runner, time_budget_s=0)
+    runner.stop()

@@ -404,10 +404,27 @@ def test_sub_env_failures__recreated_and_counted_under_rllibs_key():
     root.aggregate([runner.get_metrics()], key="env_runners")
     assert root.peek(("env_runners", "num_env_step_failures")) > 0
     assert root.peek(("env_runners", "num_env_steps_sampled")) == sum(len(e) for e in episodes)
-    runner.sample(num_timesteps=200)
-    # Chunks kept for whole-episode metrics: only those of episodes still running (none
-    # of the discarded ones).
-    assert len(runner._ongoing_chunks) <= runner.num_envs
+    # Whole-episode metrics under failures: an episode's earlier chunks are kept until it
+    # finishes (its reported length is all its chunks), and a discarded episode's chunks
+    # never reach another episode's values.
+    later = [runner.sample(num_timesteps=200) for _ in range(3)]
+    later_metrics = MetricsLogger(root=True)
+    later_metrics.aggregate([runner.get_metrics()], key="env_runners")
+    peek = later_metrics.peek("env_runners")
+    by_id = {}
+    for chunk in [c for call in [episodes] + later for c in call]:
+        by_id.setdefault(chunk.id_, []).append(chunk)
+    finished_later = [parts for parts in by_id.values()
+                      if parts[-1].is_done and any(parts[-1] is c for call in later for c in call)]
+    assert finished_later and any(len(parts) > 1 for parts in finished_later)
+    lengths = [sum(len(c) for c in parts) for parts in finished_later]
+    returns = [sum(c.get_return() for c in parts) for parts in finished_later]
+    assert all(parts[0].t_started == 0 for parts in finished_later)
+    assert peek["num_episodes"] == len(finished_later)
+    assert peek["episode_len_max"] == max(lengths)
+    assert peek["episode_len_min"] == min(lengths)
+    assert peek["episode_return_mean"] == pytest.approx(np.mean(returns))
+    assert peek["num_env_step_failures"] > 0
     runner.stop()
 
     strict = JaxEnvRunner(config=small_ppo_config().environment(_flaky_cartpole))

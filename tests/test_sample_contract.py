@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jaxrunner
+from jaxrunner import SampleArgumentError
 from jaxrunner.envs import registry as registry_module
 
 from conftest import make_config
@@ -83,21 +84,37 @@ def assert_sampling_works(runner, previous=None):
 # ----------------------------------------------------------------------------- arguments
 def test_sample_contract__both_sizes_raise(runner):
     before = runner.sample(num_timesteps=NUM_ENVS)
-    for error in (ValueError, AssertionError):
-        with pytest.raises(error) as info:
-            runner.sample(num_timesteps=10, num_episodes=1)
-        assert "num_timesteps" in str(info.value) and "num_episodes" in str(info.value)
+    with pytest.raises(SampleArgumentError) as info:
+        runner.sample(num_timesteps=10, num_episodes=1)
+    # RLlib asserts here; a ValueError too, so either `except` catches it.
+    assert isinstance(info.value, ValueError) and isinstance(info.value, AssertionError)
+    message = str(info.value)
+    assert "num_timesteps" in message and "num_episodes" in message and "not both" in message
     assert_sampling_works(runner, before)
 
 
 @pytest.mark.parametrize("kwargs", [{"num_timesteps": -1}, {"num_episodes": -2}])
 def test_sample_contract__negative_size_raises(runner, kwargs):
     before = runner.sample(num_timesteps=NUM_ENVS)
-    for error in (ValueError, AssertionError):
-        with pytest.raises(error) as info:
-            runner.sample(**kwargs)
-        assert next(iter(kwargs)) in str(info.value)
+    with pytest.raises(SampleArgumentError) as info:
+        runner.sample(**kwargs)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, AssertionError)
+    (name, value), = kwargs.items()
+    message = str(info.value)
+    assert name in message and str(value) in message and ">= 0" in message
     assert_sampling_works(runner, before)
+
+
+def test_sample_contract__argument_errors_compile_nothing(compile_counter):
+    """Arguments are checked before anything is compiled: a fresh runner's bad calls
+    compile nothing."""
+    fresh = jaxrunner.SingleAgentEnvRunner(config=make_config(num_envs=2, fragment=4))
+    compile_counter.reset()
+    for kwargs in ({"num_timesteps": 4, "num_episodes": 1}, {"num_timesteps": -1},
+                   {"num_episodes": "3"}):
+        with pytest.raises(ValueError):
+            fresh.sample(**kwargs)
+    assert compile_counter.count == 0, "\n".join(compile_counter.messages)
 
 
 @pytest.mark.parametrize("kwargs", [{"num_timesteps": 2.5}, {"num_episodes": "3"},

@@ -15,6 +15,19 @@ buffers (stacked frames, previous actions) travel with the runner's carry instea
 
 `ctx` is a `ConnectorContext` with `is_first` `(B,)` bool (this observation starts an
 episode), `prev_action` `(B, *act_shape)` and `prev_reward` `(B,)` (zeros at episode start).
+
+Spaces come from the pipeline, as in RLlib (`MeanStdFilter()` takes no space): before a
+pipeline runs, `ConnectorPipeline.recompute_observation_space(env_obs_space)` hands each
+piece the observation space it receives (the env's, as changed by the pieces before it)
+through `bind_input_observation_space(space)`, and the runner's connector factory call
+(`call_factory`) hands every piece the env's action space through
+`bind_action_space(space)`. A piece built with an explicit space keeps it.
+
+A connector factory is `factory(env, spaces, device)` (RLlib's signature; `factory(env,
+spaces)`, `factory(env)` and `factory()` work too). `spaces` is the runner's
+`get_spaces(env_only=True)`: `{"__env_single__": (obs_space, act_space)}` for one
+sub-env and `{"__env__": (...)}` for the vector env, gymnasium spaces before any
+connector. `device` is always None (the rollout runs on the runner's devices).
 """
 
 from __future__ import annotations
@@ -37,7 +50,25 @@ class ConnectorContext:
 
 
 class ConnectorV2:
-    """Base class of connector pieces (pure; see the module docstring)."""
+    """Base class of connector pieces (pure; see the module docstring).
+
+    `input_observation_space` / `action_space`: the spaces the pipeline bound (None until
+    bound, unless given to the constructor)."""
+
+    input_observation_space: gym.spaces.Space | None = None
+    action_space: gym.spaces.Space | None = None
+
+    def bind_input_observation_space(self, space: gym.spaces.Space) -> None:
+        """Called by the pipeline with the observation space this piece receives, before
+        `recompute_observation_space`, `init_state` and `__call__`. Pieces that need a
+        space and were built without one set themselves up here (and raise `ValueError`
+        for a space they cannot take)."""
+        self.input_observation_space = space
+
+    def bind_action_space(self, space: gym.spaces.Space) -> None:
+        """Called by the runner's connector factory call with the env's action space."""
+        if self.action_space is None:
+            self.action_space = space
 
     def recompute_observation_space(self, space: gym.spaces.Space) -> gym.spaces.Space:
         """The observation space after this piece (env-to-module pieces)."""
@@ -88,9 +119,21 @@ class ConnectorPipeline(ConnectorV2):
         return names
 
     def recompute_observation_space(self, space):
+        """The space after every piece; binds each piece's input space on the way."""
+        self.input_observation_space = space
         for piece in self.pieces:
+            piece.bind_input_observation_space(space)
             space = piece.recompute_observation_space(space)
         return space
+
+    def bind_input_observation_space(self, space):
+        # A nested pipeline binds its pieces in recompute_observation_space.
+        self.input_observation_space = space
+
+    def bind_action_space(self, space):
+        super().bind_action_space(space)
+        for piece in self.pieces:
+            piece.bind_action_space(space)
 
     def init_state(self, num_envs: int):
         return tuple(piece.init_state(num_envs) for piece in self.pieces)
@@ -141,7 +184,8 @@ class ConnectorPipeline(ConnectorV2):
 def call_factory(factory: Any, env: Any, spaces: dict) -> list[ConnectorV2]:
     """Calls a user connector factory as RLlib does (`factory(env, spaces, device)`,
     also accepting `factory(env, spaces)`, `factory(env)` or `factory()`), and returns the
-    pieces as a list."""
+    pieces as a list, each bound to the env's action space (`spaces["__env_single__"]`;
+    see the module docstring for what `spaces` holds)."""
     try:
         params = [p for p in inspect.signature(factory).parameters.values()
                   if p.default is inspect.Parameter.empty
@@ -161,4 +205,8 @@ def call_factory(factory: Any, env: Any, spaces: dict) -> list[ConnectorV2]:
                 f"{piece!r}; expected jaxrunner.connectors.ConnectorV2 pieces (or a list of "
                 "them)."
             )
+    single = spaces.get("__env_single__") if isinstance(spaces, dict) else None
+    if single is not None:
+        for piece in pieces:
+            piece.bind_action_space(single[1])
     return pieces

@@ -1,5 +1,11 @@
 """Env-to-module connector pieces: flattening, mean-std filtering, frame stacking,
-previous action/reward."""
+previous action/reward.
+
+Every piece takes its spaces from the pipeline when built without them, as RLlib's do:
+`MeanStdFilter()`, `FrameStacking(num_frames=4)`, `PrevActionsPrevRewards()`,
+`FlattenObservations()` (see `jaxrunner.connectors.base`). A space given explicitly is
+kept.
+"""
 
 from __future__ import annotations
 
@@ -46,18 +52,37 @@ def _flat_size(space: gym.spaces.Space) -> int:
     return int(math.prod(space.shape))
 
 
+def _unbound(piece: str, what: str = "observation space") -> ValueError:
+    return ValueError(
+        f"{piece} has no {what}: it gets it from the runner's connector pipeline (put it in "
+        "env_runners(env_to_module_connector=lambda env, spaces, device: [...])), or pass "
+        f"it to the constructor when you use the piece on its own."
+    )
+
+
 class FlattenObservations(ConnectorV2):
     """Dict / Tuple / Discrete / multi-dim Box observations -> one float32 vector `(B, F)`
-    (Discrete parts one-hot)."""
+    (Discrete parts one-hot).
 
-    def __init__(self, observation_space: gym.spaces.Space):
+    Args:
+        observation_space: the space it receives (default: from the pipeline).
+    """
+
+    def __init__(self, observation_space: gym.spaces.Space | None = None):
         self.input_space = observation_space
+
+    def bind_input_observation_space(self, space):
+        super().bind_input_observation_space(space)
+        if self.input_space is None:
+            self.input_space = space
 
     def recompute_observation_space(self, space):
         size = _flat_size(space)
         return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
 
     def __call__(self, state, obs, ctx):
+        if self.input_space is None:
+            raise _unbound("FlattenObservations()")
         return state, _flatten_one(obs, self.input_space)
 
 
@@ -92,27 +117,42 @@ class MeanStdFilter(ConnectorV2):
     samples: `base + delta_1 + ... + delta_k`.
 
     Args:
-        observation_space: a Box space (flatten first for other spaces).
+        observation_space: a Box space (flatten first for other spaces); default: the
+            space the pipeline hands it (`MeanStdFilter()`, as in RLlib).
         clip: the normalised value is clipped to `[-clip, clip]` (RLlib: 10).
         update: keep updating the statistics while sampling (False: freeze them).
     """
 
-    def __init__(self, observation_space: gym.spaces.Space, clip: float = 10.0,
+    def __init__(self, observation_space: gym.spaces.Space | None = None, clip: float = 10.0,
                  epsilon: float = 1e-8, update: bool = True):
-        if not isinstance(observation_space, gym.spaces.Box):
-            raise ValueError(
-                f"MeanStdFilter needs a Box observation space, got {observation_space}; put "
-                "FlattenObservations before it."
-            )
-        self.shape = tuple(observation_space.shape)
+        self.shape: tuple[int, ...] | None = None
+        if observation_space is not None:
+            self._set_space(observation_space)
         self.clip = float(clip)
         self.epsilon = float(epsilon)
         self.update = update
 
+    def _set_space(self, space: gym.spaces.Space) -> None:
+        if not isinstance(space, gym.spaces.Box):
+            raise ValueError(
+                f"MeanStdFilter needs a Box observation space, got {space}; put "
+                "FlattenObservations before it."
+            )
+        self.shape = tuple(space.shape)
+
+    def bind_input_observation_space(self, space):
+        super().bind_input_observation_space(space)
+        if self.shape is None:
+            self._set_space(space)
+
     def recompute_observation_space(self, space):
+        if self.shape is None:
+            raise _unbound("MeanStdFilter()")
         return gym.spaces.Box(-self.clip, self.clip, self.shape, np.float32)
 
     def _zeros(self):
+        if self.shape is None:
+            raise _unbound("MeanStdFilter()")
         return (jnp.zeros((), jnp.float32), jnp.zeros(self.shape, jnp.float32),
                 jnp.zeros(self.shape, jnp.float32))
 
@@ -180,19 +220,43 @@ class FrameStacking(ConnectorV2):
     stack is the same whether or not the episode was cut between `sample()` calls;
     `stack_episode()` recomputes the module inputs of a host episode chunk from its
     observations and lookback (needs `episode_lookback_horizon >= num_frames - 1`).
+
+    Args:
+        observation_space: a Box space with at least one axis; default: the space the
+            pipeline hands it (`FrameStacking(num_frames=4)`).
+        num_frames: frames per stack.
     """
 
-    def __init__(self, observation_space: gym.spaces.Space, num_frames: int = 4):
-        if not isinstance(observation_space, gym.spaces.Box) or not observation_space.shape:
+    def __init__(self, observation_space: gym.spaces.Space | None = None, num_frames: int = 4):
+        if isinstance(observation_space, (int, np.integer)) and not isinstance(
+                observation_space, bool):
+            raise TypeError(
+                f"FrameStacking({observation_space}): the first argument is the observation "
+                f"space; write FrameStacking(num_frames={observation_space}) to take the "
+                "space from the pipeline."
+            )
+        if isinstance(num_frames, bool) or not isinstance(num_frames, (int, np.integer)) or (
+                num_frames < 1):
+            raise ValueError(f"num_frames must be an int >= 1, got {num_frames!r}.")
+        self.num_frames = int(num_frames)
+        self.frame_shape: tuple[int, ...] | None = None
+        self.dtype = None
+        if observation_space is not None:
+            self._set_space(observation_space)
+
+    def _set_space(self, space: gym.spaces.Space) -> None:
+        if not isinstance(space, gym.spaces.Box) or not space.shape:
             raise ValueError(
                 f"FrameStacking needs a Box observation space with at least one axis, got "
-                f"{observation_space}."
+                f"{space}."
             )
-        if num_frames < 1:
-            raise ValueError(f"num_frames must be >= 1, got {num_frames}.")
-        self.frame_shape = tuple(observation_space.shape)
-        self.dtype = observation_space.dtype
-        self.num_frames = num_frames
+        self.frame_shape = tuple(space.shape)
+        self.dtype = space.dtype
+
+    def bind_input_observation_space(self, space):
+        super().bind_input_observation_space(space)
+        if self.frame_shape is None:
+            self._set_space(space)
 
     def recompute_observation_space(self, space):
         low = np.concatenate([np.minimum(space.low, 0)] * self.num_frames, axis=-1)
@@ -200,6 +264,8 @@ class FrameStacking(ConnectorV2):
         return gym.spaces.Box(low, high, dtype=space.dtype)
 
     def init_state(self, num_envs):
+        if self.frame_shape is None:
+            raise _unbound("FrameStacking()")
         # The state is the last stack itself, `(B, ..., num_frames * last)`: one slice and
         # one concatenation per step, and the output needs no extra copy.
         stacked_shape = self.frame_shape[:-1] + (self.num_frames * self.frame_shape[-1],)
@@ -238,22 +304,47 @@ class FrameStacking(ConnectorV2):
 
 class PrevActionsPrevRewards(ConnectorV2):
     """Appends the previous action (one-hot if Discrete) and reward to the flat observation
-    (zeros at an episode start): `(B, F)` -> `(B, F + A + 1)`."""
+    (zeros at an episode start): `(B, F)` -> `(B, F + A + 1)`.
 
-    def __init__(self, observation_space: gym.spaces.Space, action_space: gym.spaces.Space):
-        if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+    Args:
+        observation_space: a 1-D Box space; default: from the pipeline.
+        action_space: the env's action space; default: from the runner's connector factory
+            call (`PrevActionsPrevRewards()`, as in RLlib).
+    """
+
+    def __init__(self, observation_space: gym.spaces.Space | None = None,
+                 action_space: gym.spaces.Space | None = None):
+        self._obs_space_given = observation_space is not None
+        if observation_space is not None:
+            self._check_obs_space(observation_space)
+        self.action_space = action_space
+
+    @staticmethod
+    def _check_obs_space(space: gym.spaces.Space) -> None:
+        if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
             raise ValueError(
                 f"PrevActionsPrevRewards needs a 1-D Box observation space, got "
-                f"{observation_space}; put FlattenObservations before it."
+                f"{space}; put FlattenObservations before it."
             )
-        self.action_space = action_space
-        self.action_size = _flat_size(action_space)
+
+    def bind_input_observation_space(self, space):
+        super().bind_input_observation_space(space)
+        if not self._obs_space_given:
+            self._check_obs_space(space)
+
+    @property
+    def action_size(self) -> int:
+        if self.action_space is None:
+            raise _unbound("PrevActionsPrevRewards()", "action space")
+        return _flat_size(self.action_space)
 
     def recompute_observation_space(self, space):
         size = int(space.shape[0]) + self.action_size + 1
         return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
 
     def __call__(self, state, obs, ctx: ConnectorContext):
+        if self.action_space is None:
+            raise _unbound("PrevActionsPrevRewards()", "action space")
         start = ctx.is_first[:, None]
         action = jnp.where(start, 0.0, _flatten_one(ctx.prev_action, self.action_space))
         reward = jnp.where(start, 0.0, ctx.prev_reward[:, None])

@@ -23,6 +23,7 @@ runner's weights. Fault tolerance follows `config.fault_tolerance()`; see
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -43,11 +44,15 @@ from jaxrunner.distributed.remote_runner import (
     call_runner,
     node_info,
 )
+from jaxrunner.distributed.sample_args import check_sample_args
 from jaxrunner.envs import registry
 from jaxrunner.envs.context import EnvContext
-from jaxrunner.envs.gymnasium_env import GYMNASIUM_PREFIX, _gymnasium_id_source
+from jaxrunner.envs.gymnasium_env import GYMNASIUM_PREFIX, resolve_env
+from jaxrunner.envs.multi_agent import JAXMARL_PREFIX
+from jaxrunner.fork_warning import ignore_subprocess_fork_warning
 from jaxrunner.metrics import keys
 from jaxrunner.runners.env_runner import EnvRunner
+from jaxrunner.runners.selection import runner_class_for
 
 logger = logging.getLogger("jaxrunner.distributed")
 
@@ -60,21 +65,35 @@ _WRAPPER_NAMES = ("get_node_info",)
 
 
 def _runner_class(config: RunnerConfig) -> type:
-    """`config.env_runner_cls`, else the multi- or single-agent runner (RLlib's rule)."""
-    cls = config.env_runner_cls
-    if cls is None:
-        if config.is_multi_agent:
-            from jaxrunner.runners.multi_agent_env_runner import MultiAgentEnvRunner
-
-            cls = MultiAgentEnvRunner
-        else:
-            from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner
-
-            cls = SingleAgentEnvRunner
+    """`runner_class_for(config)` (RLlib's rule), checked to be an `EnvRunner` subclass."""
+    cls = runner_class_for(config)
     if not (isinstance(cls, type) and issubclass(cls, EnvRunner)):
         raise TypeError(f"config.env_runner_cls must be a jaxrunner.EnvRunner subclass, got "
                         f"{cls!r}.")
     return cls
+
+
+def init_ray(**kwargs: Any) -> None:
+    """`ray.init(**kwargs)` without JAX's fork warning.
+
+    Ray starts its own processes (GCS, raylet, ...) with `subprocess.Popen(...,
+    preexec_fn=...)`, and CPython runs the fork handlers for such a child, including JAX's,
+    which warns of a deadlock whenever a JAX backend exists (gymnax creates arrays when it
+    is imported, so one always does after `import jaxrunner`). The child only runs the
+    preexec function and exec()s Ray's binary, so JAX never runs there: only warnings
+    raised from inside `subprocess` are silenced, for this call only.
+    """
+    with warnings.catch_warnings():
+        ignore_subprocess_fork_warning()
+        ray.init(**kwargs)
+
+
+def _registered_creator(name: str) -> Callable:
+    """The creator the driver registered as `name` (runner processes register it too, so
+    names given to `jaxrunner.register_env` in the driver resolve there)."""
+    # registry.py has no public look-up of a creator yet: this is the one read of its
+    # table from distributed/ (to become `registry.registered_env_creator(name)`).
+    return registry._REGISTRY[name]
 
 
 def _check_timeout(name: str, value: Any) -> float | None:
@@ -93,8 +112,11 @@ def _check_env_name(config: RunnerConfig) -> None:
             "No env is configured: call config.environment(env=...) with a gymnax id (e.g. "
             "'CartPole-v1'), a name given to jaxrunner.register_env, or a creator.")
     if isinstance(env, str) and env.startswith(GYMNASIUM_PREFIX):
-        # A host (gymnasium) env: the id must be registered (the source raises if not).
-        _gymnasium_id_source(env[len(GYMNASIUM_PREFIX):], EnvContext(config.env_config), 1)
+        # A host (gymnasium) env: the id must be registered (resolving raises if not; the
+        # vector env itself is only built by the runners).
+        resolve_env(env, EnvContext(config.env_config), 1)
+    elif isinstance(env, str) and env.startswith(JAXMARL_PREFIX):
+        pass  # a JaxMARL id: only the multi-agent runners resolve these (import jaxmarl)
     elif (isinstance(env, str) and env not in registry.registered_env_names()
             and env not in registry.gymnax_env_ids(runnable_only=False)):
         registry.make_jax_env(env, EnvContext(config.env_config))  # raises the usual error
@@ -144,10 +166,7 @@ class EnvRunnerGroup:
             self._local = self._runner_cls(config=cfg, worker_index=0, num_workers=0)
             return
         if not ray.is_initialized():
-            if ray_address is None:
-                ray.init()
-            else:
-                ray.init(address=ray_address)
+            init_ray(**({} if ray_address is None else {"address": ray_address}))
         elif ray_address is not None:
             logger.warning("Ray is already initialised; ray_address=%r is ignored.", ray_address)
         self._start_remote_runners(num_remote, actor_options)
@@ -171,7 +190,7 @@ class EnvRunnerGroup:
     def _start_remote_runners(self, num_remote: int, extra_options: dict | None) -> None:
         cfg = self.config
         options = actor_options(cfg, extra_options)
-        registered = ({cfg.env: registry._REGISTRY[cfg.env]}  # ship the driver's creator
+        registered = ({cfg.env: _registered_creator(cfg.env)}  # ship the driver's creator
                       if isinstance(cfg.env, str) and cfg.env in registry.registered_env_names()
                       else {})
         wanted_cpus = num_remote * cfg.num_cpus_per_env_runner
@@ -265,6 +284,9 @@ class EnvRunnerGroup:
                                  if timeout_seconds is _DEFAULT else timeout_seconds)
         kwargs = dict(num_timesteps=num_timesteps, num_episodes=num_episodes, explore=explore,
                       random_actions=random_actions, force_reset=force_reset)
+        # In the driver, before anything is sent: a bad argument is one clear error here,
+        # not one per runner (and no Ray "Unhandled error" for results nobody fetches).
+        check_sample_args(**kwargs)
         if not self._has_remote:
             return [self._local.sample(**kwargs)]
         self._collect_late_samples()
@@ -441,18 +463,29 @@ class EnvRunnerGroup:
         self._weights_seq_no = max(self._weights_seq_no, seq)
         if not self._has_remote:
             return seq
-        self._weights_ref = ray.put(state)
+        # What was sent may be some of the modules only: a restarted runner gets every
+        # module's current weights instead (`_restore_weights_ref`, built when needed).
+        self._weights_ref = None
+        ref = ray.put(state)
         ids = [i for i in (self._manager.ids() if targets is None else targets)
                if self._manager.slots[i].healthy]
         if timeout == 0.0:
             for worker_index in ids:
                 slot = self._manager.slots[worker_index]
-                self._manager.submit_later(worker_index,
-                                           slot.actor.set_state.remote(self._weights_ref))
+                self._manager.submit_later(worker_index, slot.actor.set_state.remote(ref))
         else:
-            self._manager.call(ids, lambda slot: slot.actor.set_state.remote(self._weights_ref),
+            self._manager.call(ids, lambda slot: slot.actor.set_state.remote(ref),
                                timeout_s=timeout)
         return seq
+
+    def _restore_weights_ref(self) -> Any:
+        """One object with the weights of every module as the local runner holds them now
+        (it applied every `sync_weights`), with the group's `weights_seq_no`."""
+        if self._weights_ref is None:
+            weights = self._local.get_state(components="rl_module")["rl_module"]
+            self._weights_ref = ray.put({"rl_module": weights,
+                                         "weights_seq_no": self._weights_seq_no})
+        return self._weights_ref
 
     def _weights_from(self, params: Any, source: Any) -> Any:
         if params is not None:
@@ -583,7 +616,8 @@ class EnvRunnerGroup:
             slot = self._manager.slots[worker_index]
             state = {**self._connector_states, _LIFETIME: slot.lifetime_env_steps}
             try:
-                refs[slot.actor.restore.remote(self._weights_ref, state)] = worker_index
+                refs[slot.actor.restore.remote(self._restore_weights_ref(),
+                                               state)] = worker_index
             except RayActorError as error:
                 self._manager.book_restore_failure(worker_index, error)
         ready, not_ready = ray.wait(list(refs), num_returns=len(refs),
@@ -660,7 +694,9 @@ class EnvRunnerGroup:
         return (f"{self._runner_cls.__name__} has no get_metrics_window(): EnvRunnerGroup "
                 "needs each runner's window of finished episodes to take means over all "
                 "runners' episodes. Implement get_metrics_window() -> {'episode_return', "
-                "'episode_len', 'episode_duration_sec'} (see SingleAgentEnvRunner).")
+                "'episode_len', 'episode_duration_sec'} (see SingleAgentEnvRunner; a "
+                "multi-agent runner adds 'agent_episode_return' and 'module_episode_return' "
+                "as {id: returns}, see MultiAgentEnvRunner).")
 
     # ------------------------------------------------------------------ shutdown
     def stop(self) -> None:
@@ -687,4 +723,4 @@ class EnvRunnerGroup:
                 f"healthy={self.healthy_env_runner_ids()}, stopped={self._stopped})")
 
 
-__all__ = ["EnvRunnerGroup"]
+__all__ = ["EnvRunnerGroup", "init_ray"]

@@ -1,12 +1,14 @@
 """Merging the metrics of several runners into one RLlib-style metrics dict.
 
 Each runner reports `get_metrics()` (RLlib's keys) and the raw contents of its smoothing
-window (`get_metrics_window()`: return, length and duration of each episode in it).
-Episode statistics are recomputed from the union of the windows, so a mean is over all
-episodes of all runners, never a mean of per-runner means. Counters since the last call
-are summed; timers are averaged over runners; lifetime counters are kept by the group
-(`GroupCounters`), so a restarted runner that starts counting from its restored value
-neither loses nor double-counts steps.
+window (`get_metrics_window()`: return, length and duration of each episode in it; a
+multi-agent runner adds `agent_episode_return` and `module_episode_return`, the returns in
+its per-agent and per-module windows). Episode statistics are recomputed from the union
+of the windows, so a mean (overall, per agent, per module) is over all episodes of all
+runners, never a mean of per-runner means. Counters since the last call are summed (per
+agent and per module too); timers are averaged over runners; lifetime counters are kept
+by the group (`GroupCounters`) as sums of those per-call counts, so a restarted runner
+that starts counting from its restored value neither loses nor double-counts steps.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxrunner.metrics import keys
-from jaxrunner.metrics.logger import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID, episode_window_metrics
+from jaxrunner.metrics.logger import episode_window_metrics
 
 _SUMMED = (keys.NUM_ENV_STEPS_SAMPLED, keys.NUM_EPISODES, keys.NUM_ENV_STEPS_DISCARDED,
            keys.NUM_ENV_STEP_FAILURES)
@@ -32,6 +34,8 @@ class GroupCounters:
     env_steps: int = 0
     episodes: int = 0
     env_steps_discarded: int = 0
+    agent_steps: dict[str, int] = dataclasses.field(default_factory=dict)  # {agent_id: steps}
+    module_steps: dict[str, int] = dataclasses.field(default_factory=dict)  # {module_id: steps}
     last_time: float = dataclasses.field(default_factory=time.perf_counter)
 
 
@@ -43,18 +47,54 @@ def _sum_dicts(dicts: Sequence[dict]) -> dict:
     return out
 
 
-def merge_windows(windows: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The union of several runners' smoothing windows."""
-    names = ("episode_return", "episode_len", "episode_duration_sec")
-    return {name: np.concatenate([np.asarray(w[name]) for w in windows] or [np.zeros(0)])
-            for name in names}
+_EPISODE_WINDOW = ("episode_return", "episode_len", "episode_duration_sec")
+_PER_ID_WINDOWS = {"agent_episode_return": keys.AGENT_EPISODE_RETURN_MEAN,
+                   "module_episode_return": keys.MODULE_EPISODE_RETURN_MEAN}
 
 
-def aggregate(parts: Sequence[tuple[dict[str, Any], dict[str, np.ndarray]]],
+def merge_windows(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The union of several runners' smoothing windows: each of `episode_return`,
+    `episode_len`, `episode_duration_sec` concatenated (`(sum n_i,)`), and, where runners
+    report them, `agent_episode_return` / `module_episode_return` as
+    `{id: concatenation over the runners that have id}`."""
+    out: dict[str, Any] = {}
+    for name in _EPISODE_WINDOW:
+        out[name] = np.concatenate([np.asarray(w[name]) for w in windows] or [np.zeros(0)])
+    for name in _PER_ID_WINDOWS:
+        per_id: dict[str, list[np.ndarray]] = {}
+        for window in windows:
+            for id_, values in (window.get(name) or {}).items():
+                per_id.setdefault(id_, []).append(np.asarray(values, np.float64))
+        if any(name in window for window in windows):
+            out[name] = {id_: np.concatenate(parts) for id_, parts in per_id.items()}
+    return out
+
+
+def _add(total: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+    for id_, value in counts.items():
+        total[id_] = total.get(id_, 0) + int(value)
+    return dict(total)
+
+
+def aggregate(parts: Sequence[tuple[dict[str, Any], dict[str, Any]]],
               counters: GroupCounters) -> dict[str, Any]:
-    """One metrics dict from `(metrics, window)` of each runner; updates `counters`."""
+    """One metrics dict from `(metrics, window)` of each runner; updates `counters`.
+
+    Per-agent and per-module episode return means come from the pooled per-id windows when
+    the runners report them (multi-agent), else `episode_window_metrics`' default ids
+    (single-agent); an id without any episode in any window is left out, as a runner does.
+    """
     metrics = [m for m, _ in parts]
-    out: dict[str, Any] = episode_window_metrics(merge_windows([w for _, w in parts]))
+    merged = merge_windows([w for _, w in parts])
+    out: dict[str, Any] = episode_window_metrics(merged)
+    for name, key in _PER_ID_WINDOWS.items():
+        if name not in merged:
+            continue
+        means = {id_: float(values.mean()) for id_, values in merged[name].items()
+                 if len(values)}
+        out.pop(key, None)
+        if means:
+            out[key] = means
     for key in _SUMMED:
         out[key] = int(sum(m.get(key, 0) for m in metrics))
     now = time.perf_counter()
@@ -64,17 +104,17 @@ def aggregate(parts: Sequence[tuple[dict[str, Any], dict[str, np.ndarray]]],
     elapsed = max(now - counters.last_time, 1e-9)
     counters.last_time = now
     steps = out[keys.NUM_ENV_STEPS_SAMPLED]
+    agent_steps = _sum_dicts([m.get(keys.NUM_AGENT_STEPS_SAMPLED, {}) for m in metrics])
+    module_steps = _sum_dicts([m.get(keys.NUM_MODULE_STEPS_SAMPLED, {}) for m in metrics])
     out.update({
         keys.NUM_ENV_STEPS_SAMPLED_LIFETIME: counters.env_steps,
         keys.NUM_ENV_STEPS_SAMPLED_LIFETIME_THROUGHPUT: steps / elapsed,
         keys.NUM_EPISODES_LIFETIME: counters.episodes,
         keys.NUM_ENV_STEPS_DISCARDED_LIFETIME: counters.env_steps_discarded,
-        keys.NUM_AGENT_STEPS_SAMPLED: _sum_dicts(
-            [m.get(keys.NUM_AGENT_STEPS_SAMPLED, {}) for m in metrics]),
-        keys.NUM_MODULE_STEPS_SAMPLED: _sum_dicts(
-            [m.get(keys.NUM_MODULE_STEPS_SAMPLED, {}) for m in metrics]),
-        keys.NUM_AGENT_STEPS_SAMPLED_LIFETIME: {DEFAULT_AGENT_ID: counters.env_steps},
-        keys.NUM_MODULE_STEPS_SAMPLED_LIFETIME: {DEFAULT_MODULE_ID: counters.env_steps},
+        keys.NUM_AGENT_STEPS_SAMPLED: agent_steps,
+        keys.NUM_MODULE_STEPS_SAMPLED: module_steps,
+        keys.NUM_AGENT_STEPS_SAMPLED_LIFETIME: _add(counters.agent_steps, agent_steps),
+        keys.NUM_MODULE_STEPS_SAMPLED_LIFETIME: _add(counters.module_steps, module_steps),
     })
     for key in _AVERAGED:
         values = [m[key] for m in metrics if key in m]

@@ -150,7 +150,7 @@ class RemoteEnvRunner:
         (`{"rl_module", "weights_seq_no"}`, passed by reference: one object for all runners)
         and `state` (connector states, lifetime counter). Returns the runner's
         `weights_seq_no`. Sampling is allowed again afterwards."""
-        self.runner.set_state({**state, **weights_state})
+        self.runner.set_state({**resolve_refs(state), **resolve_refs(weights_state)})
         self._restored = True
         return getattr(self.runner, "weights_seq_no", 0)
 
@@ -205,7 +205,9 @@ class RemoteEnvRunner:
         return self.runner.get_state(components, not_components=not_components)
 
     def set_state(self, state: dict[str, Any]) -> int:
-        self.runner.set_state(state)
+        """The runner's `set_state` with object references (the state, or its weights)
+        resolved here: runners themselves never see Ray objects."""
+        self.runner.set_state(resolve_refs(state))
         return getattr(self.runner, "weights_seq_no", 0)
 
     def get_node_info(self) -> dict[str, Any]:
@@ -220,6 +222,18 @@ class RemoteEnvRunner:
 _WRAPPER_METHODS = ("sample_get_state_and_metrics", "get_node_info")
 
 
+def resolve_refs(state: Any) -> Any:
+    """`state` with Ray object references fetched: the state itself if it is one, and the
+    values of its top-level entries (e.g. `{"rl_module": ref}`)."""
+    if isinstance(state, ray.ObjectRef):
+        state = ray.get(state)
+    if isinstance(state, dict) and any(isinstance(v, ray.ObjectRef) for v in state.values()):
+        refs = {k: v for k, v in state.items() if isinstance(v, ray.ObjectRef)}
+        values = dict(zip(refs, ray.get(list(refs.values()))))
+        state = {k: values.get(k, v) for k, v in state.items()}
+    return state
+
+
 def _to_host(value: Any) -> Any:
     """Batches (anything with `to_numpy()`, e.g. `EpisodeBatch`) as host numpy."""
     to_numpy = getattr(value, "to_numpy", None)
@@ -227,4 +241,4 @@ def _to_host(value: Any) -> Any:
 
 
 __all__ = ["RemoteEnvRunner", "RunnerNotRestoredError", "actor_options", "call_runner",
-           "jax_env_vars", "node_info"]
+           "jax_env_vars", "node_info", "resolve_refs"]

@@ -14,6 +14,9 @@ Everything else resolves as before (`jaxrunner.envs.registry.make_jax_env`).
 Exceptions raised while *creating* an env (inside a creator, `gymnasium.make`, a sub-env
 constructor) are wrapped in `EnvCreationError` so the runner can retry them
 (`create_with_retries`); configuration mistakes (unknown ids, wrong return types) are not.
+Neither are bugs in the creator's code (`TypeError`, `NameError`, `AttributeError`,
+`ValueError`, `LookupError`, ... : `PROGRAMMING_ERRORS`): a retry cannot fix them, so they
+propagate unchanged, with a note naming the creator.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import gymnasium as gym
 
 from jaxrunner.envs import registry
 from jaxrunner.envs.context import EnvContext
+from jaxrunner.envs.kind import SINGLE_AGENT, check_env_kind
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,13 @@ RESTART_HINT = "config.fault_tolerance(restart_failed_sub_environments=True)"
 
 class EnvCreationError(RuntimeError):
     """An exception raised by user code while creating an env (its `__cause__`)."""
+
+
+# Exceptions that mean the creator's code (or its arguments) is wrong: retrying the same
+# call cannot succeed, so they are not retried and not wrapped with advice to retry.
+PROGRAMMING_ERRORS = (TypeError, NameError, AttributeError, ValueError, LookupError,
+                      AssertionError, NotImplementedError, ImportError, SyntaxError,
+                      ArithmeticError)
 
 
 def is_host_env(obj: Any) -> bool:
@@ -67,6 +78,10 @@ def _same_step(env_fns: list) -> gym.vector.VectorEnv:
 def _call_user(fn: Callable, *args: Any, what: str) -> Any:
     try:
         return fn(*args)
+    except PROGRAMMING_ERRORS as error:
+        error.add_note(f"(raised inside {what}; not retried: a {type(error).__name__} is a "
+                       "bug in the creator or its arguments, which a retry cannot fix)")
+        raise
     except Exception as error:  # noqa: BLE001 - re-raised, wrapped for the retry policy
         raise EnvCreationError(f"{what} raised {type(error).__name__}: {error}") from error
 
@@ -166,7 +181,11 @@ def _instance_source(env: Any, num_envs: int) -> HostEnvSource:
 def resolve_env(env_spec: Any, context: EnvContext, num_envs: int
                 ) -> tuple[str, Any]:
     """Resolves `config.env` to `("host", HostEnvSource)` or
-    `("jax", (env, env_params, name))`.
+    `("jax", (env, env_params, name))` for `SingleAgentEnvRunner`.
+
+    A multi-agent env is a `TypeError` naming `MultiAgentEnvRunner` and
+    `runner_class_for` (`jaxrunner.envs.kind.check_env_kind`); a compiled env is checked
+    with `registry.check_jax_env`.
 
     Creators are called once here (their result is reused); exceptions they raise come
     out as `EnvCreationError`.
@@ -192,10 +211,15 @@ def resolve_env(env_spec: Any, context: EnvContext, num_envs: int
         env, params = registry._as_env_and_params(result, origin)
         if not isinstance(env_spec, str):
             name = getattr(env, "name", type(env).__name__)
+        check_env_kind(env, SINGLE_AGENT, name)
+        registry.check_jax_env(env, params, name)
         return "jax", (env, params, name)
     try:
-        return "jax", registry.make_jax_env(env_spec, context)
-    except ValueError as error:
+        env, params, name = registry.make_jax_env(env_spec, context)
+        check_env_kind(env, SINGLE_AGENT, name)
+        registry.check_jax_env(env, params, name)
+        return "jax", (env, params, name)
+    except registry.UnknownEnvError as error:
         if isinstance(env_spec, str) and env_spec in gym.registry:
             raise ValueError(
                 f"{error} {env_spec!r} is a gymnasium id: use "
@@ -233,5 +257,5 @@ def create_with_retries(create: Callable[[], Any], *, restart: bool, tolerance: 
                            what, attempts, tolerance, exc_info=cause)
 
 
-__all__ = ["GYMNASIUM_PREFIX", "EnvCreationError", "HostEnvSource", "create_with_retries",
+__all__ = ["GYMNASIUM_PREFIX", "PROGRAMMING_ERRORS", "EnvCreationError", "HostEnvSource", "create_with_retries",
            "is_host_env", "resolve_env"]

@@ -5,14 +5,30 @@
 1. a name given to `register_env(name, creator)`;
 2. a callable `creator(env_context) -> (env, env_params)`;
 3. a gymnax `Environment` instance (its `default_params` are used);
-4. a gymnax id such as "CartPole-v1" (`env_config` is passed to `gymnax.make`).
+4. `"<suite>/<id>"` for the JAX env suites (`"brax/ant"`, `"craftax/Craftax-Symbolic-v1"`,
+   `"jumanji/Snake-v1"`, `"navix/<id>"`, `"xminigrid/<id>"`, `"pgx/<id>"`,
+   `"playground/<name>"`), `env_config` going to the suite's own constructor; env objects
+   of those suites (given directly or by a creator) and envs with gymnax's pre-1.0 step API
+   are adapted to the env protocol (`jaxrunner.envs.adapters`);
+5. a gymnax id such as "CartPole-v1". Its `env_config` keys are the env's `EnvParams`
+   fields (e.g. `{"max_steps_in_episode": 100}`, set on `env.default_params` with
+   `.replace`) and its constructor's keyword arguments (e.g. `{"use_minimal_action_set":
+   False}` for MinAtar); a key that is neither is a `ValueError` listing both and the
+   close matches (`gymnax_env_config_keys(env_id)` lists them).
 
-An unknown name is a `ValueError` that names the close matches.
+An unknown name is an `UnknownEnvError` (a `ValueError`) that names the close matches.
+
+`check_jax_env(env, env_params, name)` checks what gymnax's `Environment.step` needs of a
+custom env (a `time` field in the state, `max_steps_in_episode` in the params) and warns
+(`OldStyleDoneWarning`) when its `step_env` reports the time limit as termination.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import inspect
+import warnings
 from typing import Any, Callable
 
 from jaxrunner.envs.context import EnvContext
@@ -22,6 +38,14 @@ _REGISTRY: dict[str, Callable[[EnvContext], Any]] = {}
 # gymnax ids that cannot run on a machine without internet access: they download a data
 # set when created.
 _NEEDS_DOWNLOAD = {"MNISTBandit-bsuite": "downloads the MNIST data set when it is created"}
+
+
+class UnknownEnvError(ValueError):
+    """`config.env` names no registered env and no gymnax id."""
+
+
+class OldStyleDoneWarning(UserWarning):
+    """A custom gymnax env's `step_env` returns `done` including the time limit."""
 
 
 def register_env(name: str, creator: Callable[[EnvContext], Any]) -> None:
@@ -63,6 +87,15 @@ def _as_env_and_params(result: Any, origin: str) -> tuple[Any, Any]:
         env, params = result
     else:
         env, params = result, None
+    if isinstance(env, type):
+        raise TypeError(
+            f"{origin} returned the class {env.__name__}, not an env instance. Return an "
+            f"instance: `return {env.__name__}()` (or `env = {env.__name__}(); return env, "
+            "env.default_params`)."
+        )
+    from jaxrunner.envs import adapters  # env suites (Brax, Jumanji, pgx, ...), pre-1.0 gymnax
+
+    env, params = adapters.adapt(env, params)
     if not (hasattr(env, "reset") and hasattr(env, "step")):
         raise TypeError(
             f"{origin} returned {type(env).__name__}, which is not a gymnax-style env: "
@@ -88,6 +121,11 @@ def make_jax_env(env_spec: Any, env_context: EnvContext) -> tuple[Any, Any, str]
             env, params = _as_env_and_params(_REGISTRY[env_spec](env_context),
                                              f"the creator registered as {env_spec!r}")
             return env, params, env_spec
+        from jaxrunner.envs import adapters
+
+        if adapters.suite_prefix_of(env_spec) is not None:  # "brax/ant", "pgx/chess", ...
+            env, params = adapters.make_suite_env(env_spec, env_context)
+            return env, params, env_spec
         ids = gymnax_env_ids(runnable_only=False)
         if env_spec in _NEEDS_DOWNLOAD:
             raise ValueError(
@@ -96,25 +134,21 @@ def make_jax_env(env_spec: Any, env_context: EnvContext) -> tuple[Any, Any, str]
                 "instead (jaxrunner.register_env)."
             )
         if env_spec in ids:
-            import gymnax
-
-            try:
-                env, params = gymnax.make(env_spec, **dict(env_context))
-            except TypeError as error:
-                raise ValueError(
-                    f"gymnax.make({env_spec!r}) rejected env_config {dict(env_context)!r}: "
-                    f"{error}. Pass only keyword arguments that the env's constructor takes."
-                ) from error
+            env, params = make_gymnax_env(env_spec, dict(env_context))
             return env, params, env_spec
         candidates = sorted(set(ids) | set(_REGISTRY))
         matches = difflib.get_close_matches(env_spec, candidates, n=3, cutoff=0.5)
         hint = (" Did you mean " + " or ".join(repr(m) for m in matches) + "?") if matches else ""
-        raise ValueError(
+        raise UnknownEnvError(
             f"Unknown env {env_spec!r}: it is neither a name given to "
             f"jaxrunner.register_env nor a gymnax id.{hint} Run `jaxrunner envs` to list "
             "every env id."
         )
-    if hasattr(env_spec, "step") and hasattr(env_spec, "reset") and not isinstance(env_spec, type):
+    from jaxrunner.envs import adapters
+
+    if not isinstance(env_spec, type) and (
+            (hasattr(env_spec, "step") and hasattr(env_spec, "reset"))
+            or adapters.suite_of_object(env_spec) is not None):
         env, params = _as_env_and_params(env_spec, "config.env")
         return env, params, getattr(env, "name", type(env).__name__)
     if callable(env_spec):
@@ -122,3 +156,198 @@ def make_jax_env(env_spec: Any, env_context: EnvContext) -> tuple[Any, Any, str]
                                          f"the env creator {getattr(env_spec, '__name__', env_spec)!r}")
         return env, params, getattr(env, "name", type(env).__name__)
     raise TypeError(f"config.env has an unsupported type: {type(env_spec).__name__}.")
+
+
+# ---------------------------------------------------------------------- gymnax ids
+def _constructor_args(cls: type) -> list[str]:
+    """The named keyword arguments of `cls.__init__` (not `*args`/`**kwargs`)."""
+    try:
+        parameters = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return []
+    return [name for name, p in list(parameters.items())[1:]
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def gymnax_env_config_keys(env_id: str) -> dict[str, list[str]]:
+    """The `env_config` keys a gymnax id takes: `{"params": [EnvParams fields],
+    "constructor": [keyword arguments of the env class]}`."""
+    import gymnax
+
+    env, params = gymnax.make(env_id)
+    fields = [f.name for f in dataclasses.fields(params)] if dataclasses.is_dataclass(
+        params) else []
+    return {"params": fields, "constructor": _constructor_args(type(env))}
+
+
+def _like_default(name: str, value: Any, default: Any, env_id: str) -> Any:
+    """`value` with the type (and dtype/shape) of the default `EnvParams` field, so a
+    changed field never changes the compiled program's argument types."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    if isinstance(default, bool) or isinstance(default, (int, float)):
+        kind = type(default)
+        try:
+            converted = kind(value)
+        except (TypeError, ValueError):
+            converted = None
+        if converted is None or (kind is int and converted != value):
+            raise ValueError(
+                f"env_config[{name!r}]={value!r} for {env_id!r}: the EnvParams field "
+                f"{name!r} is a {kind.__name__} (default {default!r}); give a "
+                f"{kind.__name__}."
+            )
+        return converted
+    if hasattr(default, "shape") and hasattr(default, "dtype"):
+        array = np.asarray(value)
+        if array.shape != tuple(default.shape):
+            raise ValueError(
+                f"env_config[{name!r}] for {env_id!r} has shape {array.shape}, but the "
+                f"EnvParams field {name!r} has shape {tuple(default.shape)} "
+                f"({default.dtype}); give an array of that shape."
+            )
+        return jnp.asarray(array, dtype=default.dtype)
+    return value
+
+
+def make_gymnax_env(env_id: str, env_config: dict) -> tuple[Any, Any]:
+    """`gymnax.make(env_id)` with `env_config` applied: keys that are keyword arguments
+    of the env's constructor go to `gymnax.make`, keys that are `EnvParams` fields are
+    set on its `default_params` (a key that is both goes to both). Any other key is a
+    `ValueError` that lists the keys the env takes and the close matches."""
+    import gymnax
+
+    env, params = gymnax.make(env_id)
+    if not env_config:
+        return env, params
+    keys = gymnax_env_config_keys(env_id)
+    constructor = {k: v for k, v in env_config.items() if k in keys["constructor"]}
+    fields = {k: v for k, v in env_config.items() if k in keys["params"]}
+    unknown = [k for k in env_config if k not in constructor and k not in fields]
+    if unknown:
+        known = keys["params"] + keys["constructor"]
+        close = sorted({m for k in unknown
+                        for m in difflib.get_close_matches(str(k), known, n=3, cutoff=0.6)})
+        hint = (" Did you mean " + " or ".join(repr(m) for m in close) + "?") if close else ""
+        raise ValueError(
+            f"env_config {dict(env_config)!r} for the gymnax env {env_id!r} has key(s) "
+            f"{unknown} that are neither fields of its EnvParams ({keys['params']}) nor "
+            f"arguments of its constructor ({keys['constructor'] or 'none'}).{hint} To "
+            "build the env another way, register a creator with jaxrunner.register_env."
+        )
+    if constructor:
+        try:
+            env, params = gymnax.make(env_id, **constructor)
+        except Exception as error:  # noqa: BLE001 - re-raised with the env and the keys
+            raise ValueError(
+                f"gymnax.make({env_id!r}, **{constructor!r}) (from env_config) raised "
+                f"{type(error).__name__}: {error}"
+            ) from error
+    if fields:
+        params = params.replace(**{k: _like_default(k, v, getattr(params, k), env_id)
+                                   for k, v in fields.items()})
+    return env, params
+
+
+# ---------------------------------------------------------------------- custom env checks
+def _gymnax_base() -> type | None:
+    try:
+        from gymnax.environments.environment import Environment
+    except ImportError:  # pragma: no cover - gymnax is a dependency
+        return None
+    return Environment
+
+
+def _overrides(env: Any, base: type, method: str) -> bool:
+    return getattr(type(env), method, None) is not getattr(base, method, None)
+
+
+def check_jax_env(env: Any, env_params: Any, name: str) -> None:
+    """Checks a gymnax `Environment` against what `Environment.step` needs, before
+    anything is compiled.
+
+    * The base `step` truncates with `is_truncated(state, params)`, i.e. `state.time >=
+      params.max_steps_in_episode`: a state without `time` (or params without
+      `max_steps_in_episode`) is a `TypeError` saying what to add, unless the env
+      overrides `step` or `is_truncated`.
+    * `step_env` must return natural termination only (`step` adds the time limit as
+      `truncated`). For an env not shipped with gymnax, one step from the reset state
+      with `time` set to one and two steps before the limit is probed: if only the step
+      that reaches the limit is `done`, `step_env` reports the time limit as termination
+      (the old gymnax `done`), so time-outs would come out terminated=True and
+      truncated=True and a learner would stop bootstrapping. That is an
+      `OldStyleDoneWarning` with the fix.
+
+    Envs that are not gymnax `Environment`s, and envs whose reset or step cannot be
+    run here, are left to the runner's own checks.
+    """
+    base = _gymnax_base()
+    if base is None or not isinstance(env, base):
+        return
+    if _overrides(env, base, "step") or _overrides(env, base, "is_truncated"):
+        return
+    import jax
+
+    try:
+        _, state = jax.eval_shape(env.reset_env, jax.random.key(0), env_params)
+    except Exception:  # noqa: BLE001 - the runner's tracing check reports it
+        return
+    missing = []
+    if not hasattr(state, "time"):
+        missing.append(f"its state ({type(state).__name__}) has no `time` field")
+    if not hasattr(env_params, "max_steps_in_episode"):
+        missing.append(f"its params ({type(env_params).__name__}) have no "
+                       "`max_steps_in_episode` field")
+    if missing:
+        raise TypeError(
+            f"The env {name!r} ({type(env).__name__}) cannot use gymnax's "
+            f"Environment.step: {' and '.join(missing)}. The base step() truncates episodes "
+            "with is_truncated(state, params) = state.time >= params.max_steps_in_episode. "
+            "Add `time: int` to the state dataclass (0 in reset_env, state.time + 1 in "
+            "step_env) and `max_steps_in_episode: int` to the params (subclass "
+            "gymnax.environments.environment.EnvParams), or override "
+            "is_truncated(state, params) if the env has no time limit."
+        )
+    if type(env).__module__.split(".")[0] == "gymnax":
+        return  # gymnax's own envs follow the 1.0 contract
+    _warn_if_done_includes_time_limit(env, env_params, name)
+
+
+def _warn_if_done_includes_time_limit(env: Any, env_params: Any, name: str) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    try:
+        limit = int(np.asarray(env_params.max_steps_in_episode))
+    except (TypeError, ValueError):
+        return
+    if limit < 2:
+        return
+
+    def probe(key, params, time):
+        # One step from the reset state with `time` set: (done, time after the step).
+        _, state = env.reset_env(key, params)
+        action = env.action_space(params).sample(key)
+        state = state.replace(time=time)
+        _, next_state, _, done, _ = env.step_env(key, state, action, params)
+        return jnp.asarray(done, jnp.bool_), jnp.asarray(next_state.time, jnp.int32)
+
+    try:
+        done, time_after = jax.device_get(jax.jit(jax.vmap(probe, in_axes=(None, None, 0)))(
+            jax.random.key(0), env_params, jnp.asarray([limit - 2, limit - 1], jnp.int32)))
+        before, at_limit = bool(done[0]), bool(done[1])
+        time_after = int(time_after[1])
+    except Exception:  # noqa: BLE001 - a probe that cannot run proves nothing
+        return
+    if at_limit and not before and time_after == limit:
+        warnings.warn(
+            f"The env {name!r} ({type(env).__name__}): step_env() returns done=True on the "
+            f"step that reaches max_steps_in_episode={limit} and not on the step before, so "
+            "it looks like its `done` includes the time limit (the old gymnax API). "
+            "gymnax's Environment.step adds the time limit itself as `truncated`, so time-outs "
+            "would come out terminated=True and truncated=True and a learner would not "
+            "bootstrap them. Return natural termination only from step_env (drop the "
+            "`state.time >= params.max_steps_in_episode` term from `done`); see docs/envs.md.",
+            OldStyleDoneWarning, stacklevel=3)

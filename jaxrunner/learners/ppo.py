@@ -11,6 +11,10 @@ the runner API, and is not an algorithm zoo.
         stats = learner.update(batch)         # one jitted call: GAE + clipped PPO epochs
         learner.push_weights(runner)          # runner.set_state({"rl_module", "weights_seq_no"})
 
+or `learner.train(runner, num_iterations=100, time_budget_s=60)`, which does the same,
+prints progress and returns the losses, entropy, KL and clip fraction per iteration.
+Recurrent (stateful) modules are refused: this learner trains feed-forward policies.
+
 `update` reads `batch.trajectory()` on the device (no host transfer). With a group of Ray
 runners, the driver learns and `push_weights(group)` calls `group.sync_weights(...)`.
 """
@@ -163,6 +167,8 @@ class PPOLearner:
         # the orthogonal initialisers all over again (seconds on a CPU).
         self.state = self.init_state(jax.random.key(config.seed), params)
         self.weights_seq_no = 0
+        self.iteration = 0  # `train()` iterations done so far, over all calls
+        self.history: list[dict] = []  # every `train()` row, over all calls
         self._update = jax.jit(self.update_fn)
 
     def init_state(self, key: jax.Array, params: Any = None) -> LearnerState:
@@ -231,6 +237,7 @@ class PPOLearner:
         }
         total = (stats["policy_loss"] + cfg.vf_coef * stats["vf_loss"]
                  - cfg.ent_coef * stats["entropy"])
+        stats["total_loss"] = total
         return total, stats
 
     def update_fn(self, state: LearnerState, traj: Trajectory
@@ -304,35 +311,108 @@ class PPOLearner:
         return self.weights_seq_no
 
     # ------------------------------------------------------------------ a training loop
-    def train(self, runner: Any, *, num_iterations: int, target_return: float | None = None,
-              callback: Callable[[dict], None] | None = None) -> list[dict]:
-        """Samples, updates and pushes weights `num_iterations` times (stops early once
-        the runner's `episode_return_mean` reaches `target_return`). `runner` is a runner
-        or an `EnvRunnerGroup` (the driver learns, the group's runners sample).
+    def train(self, runner: Any, *, num_iterations: int | None = None,
+              target_return: float | None = None, time_budget_s: float | None = None,
+              callback: Callable[[dict], None] | None = None, verbose: bool = True,
+              log_interval_s: float = 2.0) -> list[dict]:
+        """Samples, updates and pushes weights until `num_iterations` iterations of this
+        call are done, the runner's `episode_return_mean` reaches `target_return`, or
+        `time_budget_s` seconds of this call have passed (checked after each iteration,
+        so the last one may run past it), whichever comes first. At least one of
+        `num_iterations` and `time_budget_s` must be given. `runner` is a runner or an
+        `EnvRunnerGroup` (the driver learns, the group's runners sample).
 
-        Returns one row per iteration: `iteration`, `env_steps` (lifetime), `time_s` (since
-        the call, compile included) and `episode_return_mean` (None before any episode
-        finished).
+        Returns this call's rows, one per iteration (all calls' rows are in
+        `self.history`):
+
+        * `iteration`: counted over all `train()` calls of this learner (a second call
+          continues where the first stopped; `self.iteration` is the next one);
+        * `env_steps`: the runner's lifetime env steps; `time_s`: seconds since this call
+          started (compilation included);
+        * `episode_return_mean`: None until an episode has finished;
+        * what `update()` computed, as floats: `total_loss`, `policy_loss`, `vf_loss`,
+          `entropy`, `approx_kl`, `clip_fraction` (means over the epochs and
+          minibatches) and `vf_explained_var`.
+
+        With `verbose`, prints a progress line (iteration, env steps, steps/s, return,
+        loss, entropy, KL, clip fraction) after the first iteration, then at most every
+        `log_interval_s` seconds, and after the last.
         """
+        if num_iterations is None and time_budget_s is None:
+            raise ValueError("PPOLearner.train needs num_iterations=..., time_budget_s=... "
+                             "or both, to know when to stop.")
+        if num_iterations is not None and (isinstance(num_iterations, bool) or not isinstance(
+                num_iterations, int) or num_iterations < 0):
+            raise ValueError(f"num_iterations must be an int >= 0, got {num_iterations!r}.")
+        if time_budget_s is not None and (isinstance(time_budget_s, bool) or not isinstance(
+                time_budget_s, (int, float)) or not time_budget_s > 0):
+            raise ValueError(f"time_budget_s must be a number > 0, got {time_budget_s!r}.")
+        log = _ProgressLog(verbose, log_interval_s)
         start = time.perf_counter()
         history: list[dict] = []
         self.push_weights(runner)
-        for iteration in range(num_iterations):
+        while num_iterations is None or len(history) < num_iterations:
             batch = runner.sample()
-            self.update(batch)
+            stats = self.update(batch)
             self.push_weights(runner)
             metrics = runner.get_metrics()
-            row = {"iteration": iteration,
+            row = {"iteration": self.iteration,
                    "env_steps": metrics["num_env_steps_sampled_lifetime"],
                    "time_s": time.perf_counter() - start,
                    "episode_return_mean": metrics.get("episode_return_mean")}
+            row.update({name: float(value) for name, value in jax.device_get(stats).items()})
+            self.iteration += 1
             history.append(row)
+            self.history.append(row)
             if callback is not None:
                 callback(row)
-            if (target_return is not None and row["episode_return_mean"] is not None
-                    and row["episode_return_mean"] >= target_return):
+            reached = (target_return is not None and row["episode_return_mean"] is not None
+                       and row["episode_return_mean"] >= target_return)
+            out_of_time = time_budget_s is not None and row["time_s"] >= time_budget_s
+            last = (reached or out_of_time
+                    or (num_iterations is not None and len(history) >= num_iterations))
+            log.row(row, last=last)
+            if reached or out_of_time:
+                log.line("stopped: " + ("target return reached" if reached
+                                        else f"time budget of {time_budget_s:g} s used"))
                 break
         return history
+
+
+class _ProgressLog:
+    """`train()`'s progress lines (rich markup), at most one per `interval_s`; steps/s
+    is over the iterations since the previous line (the first line has none: its one
+    iteration includes compilation)."""
+
+    def __init__(self, verbose: bool, interval_s: float):
+        self.console = None
+        if verbose:
+            from rich.console import Console
+
+            self.console = Console(highlight=False, soft_wrap=True)  # one line per row
+        self.interval_s = interval_s
+        self.last: tuple[float, int] | None = None  # (time, env steps) of the last line
+
+    def line(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text)
+
+    def row(self, row: dict, *, last: bool) -> None:
+        if self.console is None:
+            return
+        now = time.perf_counter()
+        if not last and self.last is not None and now - self.last[0] < self.interval_s:
+            return
+        rate = ("-" if self.last is None else
+                f"{(row['env_steps'] - self.last[1]) / max(now - self.last[0], 1e-9):,.0f}")
+        self.last = (now, row["env_steps"])
+        ret = row["episode_return_mean"]
+        self.console.print(
+            f"[bold]iter {row['iteration']}[/bold]  {row['env_steps']:,} env steps  "
+            f"{row['time_s']:.1f} s  {rate} steps/s  return "
+            f"{'-' if ret is None else f'{ret:.2f}'}  loss {row['total_loss']:.4f}  "
+            f"entropy {row['entropy']:.4f}  kl {row['approx_kl']:.5f}  "
+            f"clip {row['clip_fraction']:.3f}")
 
 
 def _as_trajectory(batch: Any) -> Trajectory:

@@ -12,6 +12,17 @@ action space; `distribution_for(space)` picks the default class.
 | `DiagGaussian` | Box (A,) | 2A: mean, log_std | `(..., A)` float32 |
 | `SquashedGaussian` | Box (A,) | 2A: mean, log_std | `(..., A)` in (-1, 1) |
 | `Deterministic` | Box (A,) | A | `(..., A)` float32 |
+| `MaskedCategorical` | Discrete(n) with a legal-action mask | n logits (+ mask `(..., n)` bool) | `(...)` int32 |
+
+Action masks (board games, Jumanji): an env with `action_mask(state, params) -> bool[n]`
+says which actions are legal. `MaskedCategorical.from_inputs(logits, mask)` gives illegal
+actions probability 0 (their logits replaced by `MASKED_LOGIT`), and its `sample`,
+`deterministic_sample`, `logp` and `entropy` are those of the masked distribution;
+`masked_logits(logits, mask)` is what a module should report as `action_dist_inputs` so
+that a learner rebuilding a plain `Categorical` from them gets the same distribution;
+`sample_legal(key, mask)` draws a uniformly random legal action (`random_actions=True`).
+A row without any legal action is treated as all legal (pgx marks every action legal at a
+terminal state for this reason), so no distribution is ever empty.
 """
 
 from __future__ import annotations
@@ -59,6 +70,75 @@ class Categorical(struct.PyTreeNode):
     def entropy(self) -> jax.Array:
         log_probs = jax.nn.log_softmax(self.logits)
         return -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+
+
+MASKED_LOGIT = -1e9  # logit of an illegal action: exp() of it is 0 in float32
+
+
+def _effective_mask(mask: jax.Array) -> jax.Array:
+    """`mask` as bool, with rows that allow nothing turned into rows that allow everything."""
+    mask = jnp.asarray(mask, jnp.bool_)
+    return mask | ~jnp.any(mask, axis=-1, keepdims=True)
+
+
+def masked_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """`(..., n)` logits with illegal actions (mask False) set to `MASKED_LOGIT`.
+
+    Args:
+        logits: `(..., n)` float.
+        mask: `(..., n)` bool (broadcastable), True for legal actions.
+    """
+    mask = _effective_mask(jnp.broadcast_to(mask, logits.shape))
+    return jnp.where(mask, logits, jnp.asarray(MASKED_LOGIT, logits.dtype))
+
+
+def sample_legal(key: jax.Array, mask: jax.Array) -> jax.Array:
+    """A uniformly random legal action per row: `(...)` int32 from a `(..., n)` bool mask."""
+    mask = _effective_mask(mask)
+    return jax.random.categorical(key, jnp.where(mask, 0.0, MASKED_LOGIT)).astype(jnp.int32)
+
+
+class MaskedCategorical(struct.PyTreeNode):
+    """Categorical over the legal actions only.
+
+    Inputs: logits `(..., n)` and a legal-action mask `(..., n)` bool; actions `(...)`
+    int32. Illegal actions have probability 0: `sample` and `deterministic_sample` never
+    return one, `logp` of one is about `MASKED_LOGIT` (effectively -inf), and `entropy`
+    sums over legal actions only. `logits` holds the masked logits (`masked_logits`).
+    """
+
+    logits: jax.Array
+    mask: jax.Array
+
+    @classmethod
+    def from_inputs(cls, inputs: jax.Array, mask: jax.Array | None = None
+                    ) -> "MaskedCategorical":
+        """From `(..., n)` logits and a `(..., n)` bool mask (None: every action legal)."""
+        if mask is None:
+            mask = jnp.ones(inputs.shape, jnp.bool_)
+        mask = _effective_mask(jnp.broadcast_to(mask, inputs.shape))
+        return cls(logits=masked_logits(inputs, mask), mask=mask)
+
+    @staticmethod
+    def required_input_dim(space: gym.spaces.Discrete) -> int:
+        return int(space.n)
+
+    def _log_probs(self) -> jax.Array:
+        return jax.nn.log_softmax(self.logits)
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return jax.random.categorical(key, self.logits).astype(jnp.int32)
+
+    def deterministic_sample(self) -> jax.Array:
+        return jnp.argmax(self.logits, axis=-1).astype(jnp.int32)
+
+    def logp(self, actions: jax.Array) -> jax.Array:
+        return jnp.take_along_axis(self._log_probs(), actions[..., None].astype(jnp.int32),
+                                   axis=-1)[..., 0]
+
+    def entropy(self) -> jax.Array:
+        log_probs = self._log_probs()
+        return -jnp.sum(jnp.where(self.mask, jnp.exp(log_probs) * log_probs, 0.0), axis=-1)
 
 
 class MultiCategorical(struct.PyTreeNode):

@@ -151,6 +151,12 @@ class _MLP(nn.Module):
                         kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
 
 
+# Every `model_config` key `DefaultMLPModule` reads. With the default module, `RunnerConfig`
+# rejects any other key: it would be ignored silently (a misspelt `fcnet_hidden` would build
+# the default 256x256 net). A custom module receives whatever keys it is given.
+DEFAULT_MLP_MODEL_CONFIG_KEYS = ("fcnet_hiddens", "fcnet_activation")
+
+
 class DefaultMLPModule(RLModule):
     """RLlib's default PPO module layout: an MLP policy net and, unless `inference_only`,
     a separate MLP value net.
@@ -201,12 +207,36 @@ def _as_outputs(result: Any) -> dict[str, Any]:
     return {"action_dist_inputs": result}
 
 
+def _batched_initial_state(module: RLModule) -> Any:
+    """`get_initial_state()` with a batch axis of 1 (for `init`)."""
+    return jax.tree.map(lambda x: jnp.asarray(x)[None], module.get_initial_state())
+
+
+def _recurrent_outputs(module: RLModule, result: Any) -> dict[str, Any]:
+    """`(outputs, state_out)` from a recurrent network, as the module's output dict."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(
+            f"{type(module).__name__} is recurrent (get_initial_state() is not empty), so its "
+            "network must return (outputs, state_out) from __call__(obs, state_in); got "
+            f"{'an array' if hasattr(result, 'shape') else type(result).__name__}."
+        )
+    out = _as_outputs(result[0])
+    out["state_out"] = result[1]
+    return out
+
+
 class LinenRLModule(RLModule):
     """A module around a `flax.linen` network.
 
     Subclasses implement `make_network()`, returning a linen module whose
     `__call__(obs)` (obs `(B, *obs_shape)`) returns the `action_dist_inputs` `(B, D)` or a
     dict with them (and optionally `"vf_preds"`). Params are the network's `"params"`.
+
+    Recurrent: override `get_initial_state()` (one sub-env's state, no batch axis, e.g.
+    `{"h": jnp.zeros((64,))}`); the network is then called as `__call__(obs, state_in)`
+    (`state_in` leaves `(B, ...)`) and returns `(outputs, state_out)`. The runner resets
+    the state at episode starts and carries it through the rollout and across `sample()`
+    calls (`jaxrunner.modules.recurrent.GRUModule` is a complete example).
     """
 
     def __init__(self, observation_space, action_space, model_config=None,
@@ -223,10 +253,17 @@ class LinenRLModule(RLModule):
                          self.observation_space.dtype)
 
     def init(self, key: jax.Array) -> Any:
+        if self.is_stateful():
+            return self.network.init(key, self._dummy_obs(),
+                                     _batched_initial_state(self))["params"]
         return self.network.init(key, self._dummy_obs())["params"]
 
     def _forward(self, params, batch):
-        out = _as_outputs(self.network.apply({"params": params}, batch["obs"]))
+        if self.is_stateful():
+            out = _recurrent_outputs(self, self.network.apply(
+                {"params": params}, batch["obs"], batch["state_in"]))
+        else:
+            out = _as_outputs(self.network.apply({"params": params}, batch["obs"]))
         if self.inference_only:
             out.pop("vf_preds", None)
         return out
@@ -240,6 +277,9 @@ class NNXRLModule(RLModule):
     model is split once with `nnx.split`; params are `nnx.to_pure_dict(state)` (a plain
     nested dict of arrays); each forward pass merges graph and params inside the compiled
     rollout, so no Python graph traversal happens per step.
+
+    Recurrent: as for `LinenRLModule`, override `get_initial_state()`; the model is then
+    called as `__call__(obs, state_in)` and returns `(outputs, state_out)`.
     """
 
     def __init__(self, observation_space, action_space, model_config=None,
@@ -269,7 +309,11 @@ class NNXRLModule(RLModule):
         return self._nnx.merge(self._graphdef, state)
 
     def _forward(self, params, batch):
-        out = _as_outputs(self._merge(params)(batch["obs"]))
+        model = self._merge(params)
+        if self.is_stateful():
+            out = _recurrent_outputs(self, model(batch["obs"], batch["state_in"]))
+        else:
+            out = _as_outputs(model(batch["obs"]))
         if self.inference_only:
             out.pop("vf_preds", None)
         return out

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 
 from jaxrunner.rllib.errors import UnsupportedRLlibSetupError
 from jaxrunner.rllib.module import NON_INFERENCE_PREFIXES, Dense, LayerNorm, PPOLayout
+from jaxrunner.structure import format_differences, structure_differences
 
 _PI_PREFIX = "pi.net.mlp"
 _CLIP_BUFFER = "pi.log_std_clip_param_const"
@@ -53,8 +55,9 @@ def torch_state_to_flax_params(state_dict: Mapping[str, Any], layout: PPOLayout)
     Accepts an inference-only state (what RLlib's learners send to env runners) or a full
     learner state (the value function, critic encoder and APPO target networks are
     ignored). Raises `UnsupportedRLlibSetupError` if a key is missing, unexpected, or has
-    another shape: the weights then come from a module of another layout than the
-    config describes (a custom RLModule, LSTM/CNN encoder, other fcnet sizes).
+    another shape (compared by `jaxrunner.structure.structure_differences`): the weights
+    then come from a module of another layout than the config describes (a custom
+    RLModule, LSTM/CNN encoder, other fcnet sizes).
     """
     if not isinstance(state_dict, Mapping):
         raise UnsupportedRLlibSetupError(
@@ -62,26 +65,22 @@ def torch_state_to_flax_params(state_dict: Mapping[str, Any], layout: PPOLayout)
             f"{type(state_dict).__name__}."
         )
     table = _expected(layout)
-    relevant = {k for k in state_dict if not k.startswith(NON_INFERENCE_PREFIXES)}
-    relevant.discard(_CLIP_BUFFER)
-    missing = sorted(set(table) - relevant)
-    extra = sorted(relevant - set(table))
-    wrong = []
-    for key in sorted(set(table) & relevant):
-        shape = tuple(np.shape(state_dict[key]))
-        if shape != table[key][2]:
-            wrong.append(f"{key}: expected {table[key][2]}, got {shape}")
-    if missing or extra or wrong:
+    relevant = {k: v for k, v in state_dict.items()
+                if not k.startswith(NON_INFERENCE_PREFIXES) and k != _CLIP_BUFFER}
+    expected = {key: jax.ShapeDtypeStruct(shape, np.float32)
+                for key, (_, _, shape) in table.items()}
+    # Values are cast to float32 below, so only keys and shapes must fit.
+    differences = structure_differences(expected, relevant, dtypes="ignore")
+    if differences:
         problems = []
-        if missing:
-            problems.append(f"missing {missing[:6]}")
-        if extra:
-            problems.append(f"unexpected {extra[:6]}")
-        if wrong:
-            problems.append("wrong shapes " + "; ".join(wrong[:6]))
+        for kind, label in (("missing", "missing"), ("unexpected", "unexpected"),
+                            ("shape", "wrong shapes"), ("node", "not arrays")):
+            found = [d for d in differences if d.kind == kind]
+            if found:
+                problems.append(f"{label}: {format_differences(found, limit=6)}")
         raise UnsupportedRLlibSetupError(
             "The RLModule weights do not have the layout of RLlib's default PPO module for "
-            f"this model_config ({', '.join(problems)}). Custom RLModules and encoders "
+            f"this model_config ({'; '.join(problems)}). Custom RLModules and encoders "
             "other than the default MLP cannot be translated to the compiled runner."
         )
     params: dict = {}

@@ -27,12 +27,15 @@ import jax
 from flax import serialization
 
 from jaxrunner.errors import StateStructureError
+from jaxrunner.structure import format_differences, structure_differences
 
 MAGIC = b"JXRCKPT\x00"
 FORMAT = "jaxrunner.env_runner_state"
 VERSION = 1
 FILE_NAME = "env_runner_state.ckpt"  # inside the directory given to save_to_path
 _MAX_HEADER_BYTES = 1 << 20
+# Facts about the writer that a "does not fit" message repeats from the header.
+_WRITER_KEYS = ("runner_class", "env", "num_envs_per_env_runner", "worker_index")
 
 
 class CheckpointError(ValueError):
@@ -105,44 +108,24 @@ def load_state(data: bytes, template: dict[str, Any], *, source: str = "checkpoi
                ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Reads bytes from `dump_state` into the structure of `template` (a `get_state()` of
     the runner to restore into: it supplies the dataclass types). Returns
-    `(state, header)`; a payload whose entries differ from the template's raises
-    `StateStructureError` naming them."""
+    `(state, header)`. The payload must have the template's structure exactly (same
+    entries, shapes and dtypes, compared by `jaxrunner.structure`): otherwise
+    `StateStructureError` names the differences and the writer (from the header)."""
     header, payload = read_header(data, source=source)
     try:
         raw = serialization.msgpack_restore(payload)
     except Exception as error:  # noqa: BLE001 - any decoder failure means a bad file
         raise CheckpointError(f"{source}: the payload cannot be decoded ({error}).") from None
-    want = _leaf_paths(serialization.to_state_dict(template))
-    got = _leaf_paths(raw)
-    missing, extra = sorted(want - got), sorted(got - want)
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing entries {missing[:5]}")
-        if extra:
-            parts.append(f"unexpected entries {extra[:5]}")
+    differences = structure_differences(serialization.to_state_dict(template), raw,
+                                        dtypes="exact")
+    if differences:
+        writer = ", ".join(f"{key}={header.get(key)!r}" for key in _WRITER_KEYS
+                           if key in header)
         raise StateStructureError(
-            f"{source} does not fit this runner ({'; '.join(parts)}); it was written by "
-            f"{header.get('runner_class')} on env {header.get('env')!r}. Restore into a "
-            "runner built from the same config.")
+            f"{source} does not fit this runner ({len(differences)} difference(s): "
+            f"{format_differences(differences, limit=5)}); it was written by {writer}. "
+            "Restore into a runner built from the same config.")
     return serialization.from_state_dict(template, raw), header
-
-
-def _leaf_paths(tree: Any) -> set[str]:
-    # Empty dicts are leaves of the structure too (e.g. connector states).
-    paths = set()
-
-    def walk(node, prefix):
-        if isinstance(node, dict):
-            if not node:
-                paths.add(prefix + "{}")
-            for key, value in node.items():
-                walk(value, f"{prefix}/{key}")
-        else:
-            paths.add(prefix)
-
-    walk(tree, "")
-    return paths
 
 
 def write_file(path: str, data: bytes) -> None:

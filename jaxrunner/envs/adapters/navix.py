@@ -1,0 +1,84 @@
+"""Navix (`pip install navix`): `"navix/<id>"`, or a Navix env object.
+
+Navix envs have `reset(key) -> Timestep` and `step(timestep, action) -> Timestep`; the
+Timestep says how the step ended (`is_termination()`: the goal or lava; `is_truncation()`:
+`t >= max_steps`). Their spaces are attributes (`env.observation_space`), not methods, and
+Navix's own `Discrete` with a shape describes categorical observation grids; both become
+gymnax spaces (`Box(0, n - 1, shape, uint8)` for the grid, `Discrete(n)` for actions).
+
+Navix's `step` resets an episode itself when it is given a finished Timestep, from the key
+stored in its state; the adapter never gives it one (gymnax's base `step()` resets first,
+with a fresh key), so every episode starts from its own random reset and keeps its final
+observation. The Timestep's `info` accumulators (Navix's running return) are dropped from
+the state: they would change the state's structure between reset and step.
+
+`env_config` goes to `navix.make(id, **env_config)` (e.g. `{"max_steps": 50}`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrunner.envs.adapters.base import (SuiteAdapter, SuiteState, first_state, next_state,
+                                          split_done)
+from jaxrunner.envs.spaces import to_gymnax
+
+
+class NavixEnv(SuiteAdapter):
+    """A Navix env object (`navix.make(id)`).
+
+    Args:
+        env: the Navix `Environment`.
+        env_id: the id to report (default: the class name).
+
+    The state's `inner` is the Navix `Timestep` (with an empty `info`).
+    """
+
+    suite = "navix"
+
+    def __init__(self, env: Any, env_id: str | None = None):
+        super().__init__(env, env_id)
+        self._obs_space = to_gymnax(env.observation_space, what=f"{self.name} observation_space")
+        self._act_space = to_gymnax(env.action_space, what=f"{self.name} action_space")
+
+    def observation_space(self, params: Any = None):
+        return self._obs_space
+
+    def action_space(self, params: Any = None):
+        return self._act_space
+
+    def reset_env(self, key: jax.Array, params: Any):
+        del params
+        timestep = self.inner.reset(key).replace(info={})
+        return timestep.observation, first_state(timestep)
+
+    def step_env(self, key: jax.Array, state: SuiteState, action: Any, params: Any):
+        del key, params
+        timestep = self.inner.step(state.inner, jnp.asarray(action)).replace(info={})
+        terminated, truncated = split_done(timestep.is_termination(), timestep.is_truncation())
+        return (timestep.observation, next_state(state, timestep, truncated),
+                jnp.asarray(timestep.reward, jnp.float32).reshape(()), terminated, {})
+
+
+def make(env_id: str, env_config: dict) -> tuple[NavixEnv, Any]:
+    """`"navix/<env_id>"`: `NavixEnv(navix.make(env_id, **env_config))`."""
+    import navix
+
+    try:
+        inner = navix.make(env_id, **env_config)
+    except TypeError as error:
+        raise ValueError(f"navix.make({env_id!r}) rejected env_config {env_config!r}: "
+                         f"{error}. Pass only keyword arguments its constructor takes."
+                         ) from error
+    env = NavixEnv(inner, env_id)
+    return env, env.default_params
+
+
+def env_ids() -> list[str]:
+    """Every id in Navix's registry."""
+    import navix
+
+    return sorted(navix.registry())
