@@ -71,7 +71,10 @@ def _is_leaf(node: Any) -> bool:
         return True
     if isinstance(node, Mapping):
         return False
-    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(node))
+    treedef = jax.tree_util.tree_structure(node)
+    # An empty container (`()`, `[]`, a dataclass without fields) is a node with no
+    # children, not a leaf: it has no shape or dtype to compare.
+    return jax.tree_util.treedef_is_leaf(treedef) and treedef.num_leaves == 1
 
 
 def _children(node: Any) -> list[tuple[str, Any]]:

@@ -13,10 +13,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.core.carry import MetricRegisters
-from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, write_ring
-from conftest import assert_trees_equal, make_config, whole_episodes
-from jaxrunner.runners.host_env import update_registers_np
+from conftest import make_config, whole_episodes
 
 HOST_LOGGER = "jaxrunner"
 
@@ -286,37 +283,6 @@ def test_metrics_count_exactly_the_returned_finished_episodes():
     assert metrics["episode_len_max"] == max(lengths)
     assert metrics["num_env_steps_sampled"] == sum(b.env_steps for b in batches)
     assert metrics["num_env_step_failures"] == 0
-
-
-def test_numpy_register_update_equals_the_compiled_one():
-    """The host path books finished episodes with `update_registers_np`: the same ring
-    as the rollout's jitted `write_ring`, bit for bit (limits, ring wrap-around,
-    partial chunks, the vector-step counter wrapping at 2**32)."""
-    rng = np.random.default_rng(0)
-    update = jax.jit(write_ring)
-    window, chunk_len, num_envs = 10, 16, 8
-    on_device = MetricRegisters.create(window)
-    on_host = jax.device_get(on_device)
-    step = 2**32 - 40
-    for limit in (NO_EPISODE_LIMIT, 3, 0, 25, NO_EPISODE_LIMIT, NO_EPISODE_LIMIT):
-        done = rng.random((chunk_len, num_envs)) < 0.2
-        terminated = done & (rng.random((chunk_len, num_envs)) < 0.5)
-        truncated = done & ~terminated
-        lengths = rng.integers(1, 50, (chunk_len, num_envs)).astype(np.int32)
-        returns = rng.normal(size=(chunk_len, num_envs)).astype(np.float32)
-        valid = np.arange(chunk_len) < rng.integers(1, chunk_len + 1)
-        ring = RingInput(done=terminated | truncated, failed=np.zeros_like(done), valid=valid,
-                         episode_return=returns, episode_len=lengths)
-        on_device, num_device, len_device, _, _ = update(on_device, ring, np.uint32(step % 2**32),
-                                                   np.int32(limit))
-        on_host, num_host, len_host = update_registers_np(
-            on_host, terminated=terminated, truncated=truncated, valid=valid,
-            episode_len=lengths, episode_return=returns, start_step=step,
-            episodes_limit=int(limit))
-        assert (int(num_device), int(len_device)) == (num_host, len_host)
-        assert_trees_equal(on_device, on_host, "registers")
-        step += int(valid.sum())
-    assert int(on_host.episodes) > window
 
 
 def test_host_path_compiles_once_over_several_sizes(compile_counter):

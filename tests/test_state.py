@@ -180,3 +180,30 @@ def test_state__sample_get_state_and_metrics(runner):
     assert state["num_env_steps_sampled_lifetime"] == metrics[
         "num_env_steps_sampled_lifetime"]
     assert metrics["num_env_steps_sampled"] == 4 * NUM_ENVS
+
+
+def test_set_state__nan_weights_are_refused_and_change_nothing(runner):
+    before = weights(runner)
+    bad = jax.tree.map(np.array, before)
+    leaf_path, first = jax.tree_util.tree_leaves_with_path(bad)[0]
+    first.reshape(-1)[0] = np.nan
+    with pytest.raises(ValueError, match=r"set_state: rl_module weights.*(NaN|nan|finite)"):
+        runner.set_state({"rl_module": bad, "weights_seq_no": 0})
+    assert_weights(runner, before)
+    assert_samples_with(runner, before)
+
+
+def test_set_state__multi_agent_nan_weights_are_refused():
+    config = (jaxrunner.RunnerConfig().environment("MultiAgentCartPole-v1")
+              .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=4)
+              .multi_agent(policies={"p0", "p1"},
+                           policy_mapping_fn=lambda a, e: "p0" if a == "agent_0" else "p1")
+              .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
+    runner = jaxrunner.MultiAgentEnvRunner(config=config)
+    state = runner.get_state(components="rl_module")
+    p1 = jax.tree.map(lambda x: np.full_like(np.asarray(x), np.inf), state["rl_module"]["p1"])
+    with pytest.raises(ValueError, match="rl_module weights"):
+        runner.set_state({"rl_module": {"p1": p1}})
+    after = runner.get_state(components="rl_module")["rl_module"]
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state["rl_module"], after)))
+    runner.sample()

@@ -109,14 +109,13 @@ def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio
 def gymnax_step_fns(env: Any) -> EnvStepFns:
     """`EnvStepFns` of a gymnax-style env (`step`, `reset`; `step_env`, `reset_env` and
     `is_truncated` of a gymnax `Environment` for "partial")."""
-    step_no_reset = None
-    if hasattr(env, "step_env") and hasattr(env, "is_truncated"):
-        def step_no_reset(key, state, action, params):
-            obs, state, reward, terminated, info = env.step_env(key, state, action, params)
-            return obs, state, reward, terminated, env.is_truncated(state, params), info
+    def step_without_reset(key, state, action, params):
+        obs, state, reward, terminated, info = env.step_env(key, state, action, params)
+        return obs, state, reward, terminated, env.is_truncated(state, params), info
 
+    has_split = hasattr(env, "step_env") and hasattr(env, "is_truncated")
     return EnvStepFns(auto_step=env.step, reset=getattr(env, "reset_env", env.reset),
-                      step_no_reset=step_no_reset,
+                      step_no_reset=step_without_reset if has_split else None,
                       episode_done=lambda terminated, truncated: jnp.logical_or(terminated,
                                                                                 truncated))
 

@@ -31,7 +31,7 @@ derived after the scan, vectorised over `(T, B)`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp

@@ -33,6 +33,10 @@ from jaxrunner.core.faults import FAILURE_INFO_KEY
 from jaxrunner.errors import SampleArgumentError, StateStructureError
 from jaxrunner.runners.env_runner import EnvRunner
 from jaxrunner.runners.sharding import make_env_mesh, replicate, shard_carry
+from jaxrunner.structure import check_finite_tree, check_same_structure
+
+STATE_HINT = ("Pass a state produced by get_state() of a runner built from the same env "
+               "and module config.")
 
 logger = logging.getLogger(__name__)
 
@@ -67,36 +71,18 @@ def keys_to_data(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
 
 
-def _tree_paths(tree: Any) -> dict[str, tuple]:
-    return {jax.tree_util.keystr(path): (np.shape(leaf), np.result_type(leaf))
-            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+def check_sample_args(num_timesteps: Any = None, num_episodes: Any = None, explore: Any = None,
+                      random_actions: Any = False, force_reset: Any = False) -> None:
+    """Raises `SampleArgumentError` (a `ValueError` and an `AssertionError`) for arguments
+    `sample()` cannot take; shared by the runners and `EnvRunnerGroup.sample()`, which
+    checks in the driver before sending.
 
-
-def check_same_structure(expected: Any, given: Any, what: str) -> None:
-    """Raises StateStructureError naming the first paths whose structure/shape differ."""
-    want, got = _tree_paths(expected), _tree_paths(given)
-    missing = sorted(set(want) - set(got))
-    extra = sorted(set(got) - set(want))
-    wrong = sorted(p for p in set(want) & set(got) if want[p][0] != got[p][0])
-    if missing or extra or wrong:
-        lines = []
-        if missing:
-            lines.append(f"missing entries {missing[:5]}")
-        if extra:
-            lines.append(f"unexpected entries {extra[:5]}")
-        if wrong:
-            lines.append("wrong shapes " + ", ".join(
-                f"{p}: expected {want[p][0]}, got {got[p][0]}" for p in wrong[:5]))
-        raise StateStructureError(
-            f"set_state: the {what} does not fit this runner ({'; '.join(lines)}). Pass a "
-            f"state produced by get_state() of a runner with the same env and module config."
-        )
-
-
-def check_sample_args(num_timesteps, num_episodes, explore, random_actions,
-                      force_reset) -> None:
-    """Raises `SampleArgumentError` for arguments `sample()` cannot take (shared by the
-    runners and `EnvRunnerGroup.sample()`, which checks before sending)."""
+    Args:
+        num_timesteps: None or an int >= 0 (numpy integers too; not a bool).
+        num_episodes: None or an int >= 0; not together with `num_timesteps`.
+        explore: None (the config's `explore`), True or False.
+        random_actions, force_reset: True or False.
+    """
     if num_timesteps is not None and num_episodes is not None:
         raise SampleArgumentError(
             "Pass either num_timesteps or num_episodes to sample(), not both "
@@ -546,6 +532,7 @@ class CompiledEnvRunner(EnvRunner):
         if COMPONENT_RL_MODULE in state and (seq == 0 or seq > self._weights_seq_no):
             if self.module is None:
                 raise ValueError("set_state: this runner has no module to load weights into.")
+            check_finite_tree(state[COMPONENT_RL_MODULE], "set_state: rl_module weights")
             new_params = self._load_weights(state[COMPONENT_RL_MODULE])
         carry_state = state.get(COMPONENT_CARRY)
         new_carry = None
@@ -554,7 +541,7 @@ class CompiledEnvRunner(EnvRunner):
             self._ensure_carry()
             current = jax.device_get((keys_to_data(self._carry), self._lookback))
             check_same_structure(current, (carry_state["carry"], carry_state["lookback"]),
-                                 "env_runner_carry")
+                                 "set_state: the env_runner_carry", hint=STATE_HINT)
             impl = carry_state.get("key_impl") or jax.random.key_impl(self._carry.key)
             restored = jax.tree.map(
                 lambda old, new: (jax.random.wrap_key_data(jnp.asarray(new), impl=impl)
@@ -631,5 +618,4 @@ class CompiledEnvRunner(EnvRunner):
 
 __all__ = ["ALL_COMPONENTS", "COMPONENT_CARRY", "COMPONENT_ENV_TO_MODULE_CONNECTOR",
            "COMPONENT_MODULE_TO_ENV_CONNECTOR", "COMPONENT_RL_MODULE", "CompiledEnvRunner",
-           "DEFAULT_COMPONENTS", "STATE_KEYS", "check_same_structure", "check_sample_args",
-           "keys_to_data"]
+           "DEFAULT_COMPONENTS", "STATE_KEYS", "check_sample_args", "keys_to_data"]

@@ -12,8 +12,9 @@ What comes out is what the compiled path returns: host numpy `Trajectory` chunks
 returns are not recorded, as in the compiled rollout), the same chunk-start counters,
 episode ids, lookback and cuts, so `EpisodeBatch`, host views, `trajectory()` and
 `concat_episode` work unchanged. Finished episodes go into the same `MetricRegisters`
-ring (kept as host numpy) with `update_registers_np`, the numpy twin of the rollout's
-`_update_registers` (tests/test_host_env.py checks they agree).
+ring with the compiled rollout's own `write_ring`, and the lookback rolls with its
+`roll_lookback`, run on the host-sized chunk buffers (one program per chunk shape: no
+numpy twins of device code).
 
 Episodes: the runner builds its vector envs with gymnasium's `SAME_STEP` autoreset (a
 finished sub-env is reset inside the step; its final observation comes in
@@ -44,6 +45,8 @@ import numpy as np
 from flax import struct
 
 from jaxrunner.core.carry import Lookback, MetricRegisters, RolloutCarry, Trajectory
+from jaxrunner.core.lookback import roll_lookback
+from jaxrunner.core.ring import RingInput, write_ring
 from jaxrunner.core.rollout import RolloutSpec, make_act_fn, sample_action_space
 from jaxrunner.envs.gymnasium_env import RESTART_HINT, HostEnvSource, create_with_retries
 from jaxrunner.envs.spaces import action_dtype
@@ -100,36 +103,22 @@ def _all_finite(tree: Any) -> np.ndarray | None:
     return ok
 
 
-def update_registers_np(registers: MetricRegisters, *, terminated: np.ndarray,
-                        truncated: np.ndarray, valid: np.ndarray, episode_len: np.ndarray,
-                        episode_return: np.ndarray, start_step: int, episodes_limit: int
-                        ) -> tuple[MetricRegisters, int, int]:
-    """`jaxrunner.core.rollout._update_registers` on host numpy: writes the episodes that
-    finish in a `(T, B)` chunk (in (t, b) order, at most `episodes_limit`) into the ring
-    of the last `W`; returns the registers, the number written and their summed length.
-    `episode_len` / `episode_return` are the per-step running values (incl. the step)."""
-    window = registers.window_return.shape[0]
-    done = ((terminated | truncated) & valid[:, None]).reshape(-1)
-    positions = np.flatnonzero(done)[:max(int(episodes_limit), 0)]
-    num_new = len(positions)
-    num_envs = terminated.shape[1]
-    lengths = episode_len.reshape(-1)[positions]
-    window_return = np.array(registers.window_return, np.float32)
-    window_len = np.array(registers.window_len, np.int32)
-    window_end = np.array(registers.window_end_step, np.uint32)
-    next_slot = int(registers.window_next)
-    for rank in range(max(1, num_new - window + 1), num_new + 1):
-        slot = (next_slot + rank - 1) % window
-        position = positions[rank - 1]
-        window_return[slot] = episode_return.reshape(-1)[position]
-        window_len[slot] = lengths[rank - 1]
-        window_end[slot] = (start_step + position // num_envs + 1) % 2**32
-    new = MetricRegisters(
-        window_return=window_return, window_len=window_len, window_end_step=window_end,
-        window_next=np.int32((next_slot + num_new) % window),
-        window_size=np.int32(min(int(registers.window_size) + num_new, window)),
-        episodes=np.uint32((int(registers.episodes) + num_new) % 2**32))
-    return new, num_new, int(lengths.sum())
+@jax.jit
+def _write_ring(registers, ring, start_step, episodes_limit):
+    return write_ring(registers, ring, start_step, episodes_limit)
+
+
+@jax.jit
+def _roll_chunk(lookback: Lookback, chunk: Lookback, rows) -> Lookback:
+    """`lookback` rolled over the first `rows` rows of one chunk buffer (the compiled
+    rollout's `roll_lookback`, on host-sized arrays: one program per chunk shape)."""
+    roll = lambda old, new: roll_lookback(old, new, rows)  # noqa: E731
+    return Lookback(
+        obs=jax.tree.map(roll, lookback.obs, chunk.obs),
+        actions=roll(lookback.actions, chunk.actions),
+        rewards=roll(lookback.rewards, chunk.rewards),
+        extra_model_outputs={name: jax.tree.map(roll, old, chunk.extra_model_outputs[name])
+                             for name, old in lookback.extra_model_outputs.items()})
 
 
 class _ChunkBuffer:
@@ -555,7 +544,7 @@ class HostEnvEngine:
         metrics, returned_episode_steps = self._update_metrics(
             carry.metrics, call.buffers, start_step, num_episodes)
         r._carry = call.to_carry(carry, start_step + call.rows, metrics)
-        r._lookback = self._roll_lookback(lookback_at_start, chunks, call.rows)
+        r._lookback = self._roll_lookback(lookback_at_start, call.buffers)
         env_steps = call.rows * num_envs
         if num_episodes is not None:
             r._needs_reset = True  # episodes in flight are dropped, as in RLlib
@@ -577,16 +566,20 @@ class HostEnvEngine:
     @staticmethod
     def _update_metrics(registers, buffers: list[_ChunkBuffer], start_step: int,
                         num_episodes: int | None):
-        """Writes the finished episodes of the call's chunks into the ring (failed
-        episodes are not finished: their rows are neither terminated nor truncated);
-        returns the registers and the summed length of the counted episodes."""
+        """Writes the finished episodes of the call's chunks into the ring with the
+        compiled rollout's `write_ring` (failed episodes are not finished: their rows are
+        neither terminated nor truncated); returns the registers and the summed length of
+        the counted episodes."""
         limit = 2**31 - 1 if num_episodes is None else int(num_episodes)
         step, counted_len = start_step, 0
         for buffer in buffers:
-            registers, num_new, length = update_registers_np(
-                registers, terminated=buffer.terminated, truncated=buffer.truncated,
-                valid=buffer.valid, episode_len=buffer.episode_len,
-                episode_return=buffer.episode_return, start_step=step, episodes_limit=limit)
+            ring = RingInput(done=buffer.terminated | buffer.truncated, failed=None,
+                             valid=buffer.valid, episode_return=buffer.episode_return,
+                             episode_len=buffer.episode_len)
+            update = _write_ring(registers, ring, np.uint32(step % 2**32), np.int32(limit))
+            registers = update.registers
+            num_new, length = (int(x) for x in jax.device_get((update.num_counted,
+                                                                update.counted_len)))
             counted_len += length
             if num_episodes is not None:
                 limit -= num_new
@@ -594,26 +587,17 @@ class HostEnvEngine:
         return registers, counted_len
 
     @staticmethod
-    def _roll_lookback(lookback: Lookback, chunks: list[Trajectory], rows: int) -> Lookback:
-        length = lookback.rewards.shape[0]
-        if length == 0 or rows == 0:
+    def _roll_lookback(lookback: Lookback, buffers: list[_ChunkBuffer]) -> Lookback:
+        if lookback.rewards.shape[0] == 0:
             return lookback
-        taken = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0)[:rows],
-                             *[Lookback(obs=c.obs, actions=c.actions, rewards=c.rewards,
-                                        extra_model_outputs=c.extra_model_outputs)
-                               for c in chunks])
-
-        def roll(old, new):
-            return np.concatenate([np.asarray(old), new], axis=0)[-length:]
-
-        return Lookback(
-            obs=jax.tree.map(roll, lookback.obs, taken.obs),
-            actions=roll(lookback.actions, taken.actions),
-            rewards=roll(lookback.rewards, taken.rewards),
-            extra_model_outputs={
-                name: jax.tree.map(roll, old, taken.extra_model_outputs[name])
-                if name in taken.extra_model_outputs else old
-                for name, old in lookback.extra_model_outputs.items()})
+        for buffer in buffers:
+            if buffer.rows:
+                chunk = Lookback(obs=buffer.obs, actions=buffer.actions, rewards=buffer.rewards,
+                                 extra_model_outputs={
+                                     name: buffer.extras[name]
+                                     for name in lookback.extra_model_outputs})
+                lookback = _roll_chunk(lookback, chunk, np.int32(buffer.rows))
+        return lookback
 
 
-__all__ = ["HostEnvEngine", "NonFiniteStepError", "update_registers_np"]
+__all__ = ["HostEnvEngine", "NonFiniteStepError"]

@@ -31,7 +31,8 @@ from jaxrunner.errors import StateStructureError
 from jaxrunner.metrics.multi_agent import MultiAgentRunnerMetrics
 from jaxrunner.modules.multi_rl_module import MultiRLModule
 from jaxrunner.modules.rl_module import RLModuleSpec, init_params
-from jaxrunner.runners.compiled_runner import CompiledEnvRunner, check_same_structure
+from jaxrunner.runners.compiled_runner import STATE_HINT, CompiledEnvRunner
+from jaxrunner.structure import check_same_structure
 
 COUNT_STEPS_BY = ("env_steps", "agent_steps")
 
@@ -396,7 +397,8 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
                     f"{type(self.module[module_id]).__name__} ({type(error).__name__}: "
                     f"{error}).") from error
             check_same_structure(self._params[module_id], module_weights,
-                                 f"rl_module weights of {module_id!r}")
+                                 f"set_state: the rl_module weights of {module_id!r}",
+                                 hint=STATE_HINT)
             new_params[module_id] = jax.tree.map(lambda old, new: jnp.asarray(new, old.dtype),
                                                  self._params[module_id], module_weights)
         return new_params

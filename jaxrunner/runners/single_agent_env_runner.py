@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrunner.config import RunnerConfig
 from jaxrunner.connectors.base import ConnectorContext, ConnectorPipeline, call_factory
 from jaxrunner.connectors.env_to_module import default_env_to_module_pieces
 from jaxrunner.connectors.module_to_env import NormalizeAndClipActions
@@ -33,7 +32,8 @@ from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModuleSpec, init_pa
 from jaxrunner.runners.compiled_runner import (COMPONENT_CARRY,
                                                COMPONENT_ENV_TO_MODULE_CONNECTOR,
                                                COMPONENT_MODULE_TO_ENV_CONNECTOR,
-                                               CompiledEnvRunner, check_same_structure)
+                                               STATE_HINT, CompiledEnvRunner)
+from jaxrunner.structure import check_same_structure
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +316,8 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
                 f"set_state: rl_module weights do not fit {type(self.module).__name__} "
                 f"({type(error).__name__}: {error})."
             ) from error
-        check_same_structure(self._params, weights, "rl_module weights")
+        check_same_structure(self._params, weights, "set_state: the rl_module weights",
+                             hint=STATE_HINT)
         return jax.tree.map(lambda old, new: jnp.asarray(new, old.dtype), self._params,
                             weights)
 
