@@ -247,6 +247,9 @@ def test_envs__creator_returning_the_env_class_is_a_clear_error(isolated_registr
         jaxrunner.SingleAgentEnvRunner(config=make_config("a-class"))
     with pytest.raises(TypeError, match="returned the class CartPole"):
         make_jax_env(lambda ctx: (CartPole, CartPole().default_params), EnvContext({}))
+    # The class itself as config.env is no creator either.
+    with pytest.raises(TypeError, match=r"env class CartPole.*config.environment\(CartPole\(\)\)"):
+        jaxrunner.SingleAgentEnvRunner(config=make_config(CartPole))
 
 
 @struct.dataclass

@@ -24,6 +24,7 @@ def runner():
 
 
 def test_rllib_compat__to_rllib_gives_valid_rllib_episodes(runner):
+    runner.set_state({"rl_module": runner.get_state()["rl_module"], "weights_seq_no": 4})
     batches = [runner.sample(num_timesteps=NUM_ENVS * 6),
                runner.sample(num_timesteps=NUM_ENVS * 9),
                runner.sample(num_episodes=2)]
@@ -46,6 +47,13 @@ def test_rllib_compat__to_rllib_gives_valid_rllib_episodes(runner):
             np.testing.assert_array_equal(
                 episode.get_extra_model_outputs("action_logp"),
                 mine.extra_model_outputs["action_logp"])
+            # Numpy-backed, in the spaces' dtypes, every step marked with the weights
+            # version that acted (as RLlib's runner records it).
+            assert episode.is_numpy
+            assert episode.get_actions().dtype == np.int64  # Discrete, as gymnasium's
+            assert episode.get_observations().dtype == np.float32
+            np.testing.assert_array_equal(episode.get_extra_model_outputs("weights_seq_no"),
+                                          np.full(len(mine), batch.weights_seq_no))
             # The lookback is RLlib's lookback buffer.
             assert episode.observations.lookback == mine.len_lookback_buffer
             if mine.len_lookback_buffer:
@@ -54,6 +62,7 @@ def test_rllib_compat__to_rllib_gives_valid_rllib_episodes(runner):
                     mine.lookback_actions[-1])
     assert any(e.t_started > 0 for e in batches[1])
     assert all(e.is_done and e.t_started == 0 for e in batches[2])
+    assert all(batch.weights_seq_no == 4 for batch in batches)
 
 
 def test_rllib_compat__rllib_concat_episode_rebuilds_whole_episodes(runner):

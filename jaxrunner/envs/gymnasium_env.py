@@ -195,6 +195,7 @@ def resolve_env(env_spec: Any, context: EnvContext, num_envs: int
                                             num_envs)
     if is_host_env(env_spec):
         return "host", _instance_source(env_spec, num_envs)
+    registry.reject_env_class(env_spec)
     creator, name = None, None
     if isinstance(env_spec, str) and env_spec in registry._REGISTRY:
         creator, name = registry._REGISTRY[env_spec], env_spec

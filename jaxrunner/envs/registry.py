@@ -108,8 +108,28 @@ def _as_env_and_params(result: Any, origin: str) -> tuple[Any, Any]:
     return env, params
 
 
+def reject_env_class(env_spec: Any) -> None:
+    """`config.env` set to an env *class* (gymnax `Environment` or jaxrunner
+    `MultiAgentEnv` subclass) is a `TypeError` that says to pass an instance or a
+    creator: such a class is not a creator (it does not take an `EnvContext`)."""
+    if not isinstance(env_spec, type):
+        return
+    from jaxrunner.envs.multi_agent import MultiAgentEnv
+
+    base = _gymnax_base()
+    if (base is not None and issubclass(env_spec, base)) or issubclass(env_spec,
+                                                                       MultiAgentEnv):
+        name = env_spec.__name__
+        raise TypeError(
+            f"config.env is the env class {name}, not an env instance or a creator. Pass "
+            f"an instance, config.environment({name}()), or a creator, "
+            f"config.environment(lambda env_context: {name}(...))."
+        )
+
+
 def make_jax_env(env_spec: Any, env_context: EnvContext) -> tuple[Any, Any, str]:
     """Builds `(env, env_params, name)` from `config.env` and an `EnvContext`."""
+    reject_env_class(env_spec)
     if env_spec is None:
         raise ValueError(
             "No env is configured: call config.environment(env=...) with a gymnax id "

@@ -100,8 +100,10 @@ class EpisodeBatch(Sequence):
         return iter(self._host_episodes())
 
     def to_rllib(self) -> list:
-        """The episodes as `ray.rllib.env.single_agent_episode.SingleAgentEpisode`s."""
-        return [episode.to_rllib() for episode in self._host_episodes()]
+        """The episodes as `ray.rllib.env.single_agent_episode.SingleAgentEpisode`s, their
+        steps marked with this batch's `weights_seq_no` (see `SingleAgentEpisode.to_rllib`)."""
+        return [episode.to_rllib(weights_seq_no=self.weights_seq_no)
+                for episode in self._host_episodes()]
 
     def _build_host_episodes(self) -> list[SingleAgentEpisode]:
         if self._num_steps == 0:

@@ -10,7 +10,9 @@ earlier agent steps as lookback.
 
 `MultiAgentEpisodeBatch` is both the device arrays (`chunks`, `trajectory()`,
 `module_batches()` for a JAX learner) and a `Sequence` of `MultiAgentEpisode`s built
-lazily with one device-to-host transfer.
+lazily with one device-to-host transfer. `to_rllib()` (batch or episode) gives real
+`ray.rllib.env.multi_agent_episode.MultiAgentEpisode`s (see
+`jaxrunner.episodes.rllib_conversion`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ class MultiAgentEpisode:
         env_rewards: `{agent_id: (len,) float32}` the rewards the env gave each agent at
             each env step of the chunk (before any accumulation to agent steps).
         acted: `{agent_id: (len,) bool}` which agents acted at each env step.
+        completed: `{agent_id: (len,) bool}` at which env steps an agent step of the
+            agent completed (it got its next observation, or its final one).
+        agent_t_started: `{agent_id: int}` agent steps each agent completed in the
+            episode before this chunk (also for agents without steps here).
+        observation_spaces, action_spaces: `{agent_id: gymnasium space}`.
+        acts_at_end: `{agent_id: bool}` for a cut chunk, the agents that act at the env
+            step right after it, if the batch knows (else empty).
         env_index, episode_index: the sub-env and the episode's index on it (the values
             the `policy_mapping_fn` saw in `MappingEpisode`).
     """
@@ -46,7 +55,9 @@ class MultiAgentEpisode:
                  env_t_started: int, length: int, terminated: bool, truncated: bool,
                  agent_to_module: dict[str, str], env_rewards: dict[str, np.ndarray],
                  acted: dict[str, np.ndarray], env_index: int, episode_index: int,
-                 agent_ids: tuple[str, ...]):
+                 agent_ids: tuple[str, ...], completed: dict[str, np.ndarray],
+                 agent_t_started: dict[str, int], observation_spaces: dict | None = None,
+                 action_spaces: dict | None = None, acts_at_end: dict | None = None):
         self.id_ = id_
         self.agent_episodes = agent_episodes
         self.env_t_started = int(env_t_started)
@@ -56,6 +67,11 @@ class MultiAgentEpisode:
         self._agent_to_module = dict(agent_to_module)
         self.env_rewards = env_rewards
         self.acted = acted
+        self.completed = completed
+        self.agent_t_started = {a: int(t) for a, t in agent_t_started.items()}
+        self.observation_spaces = dict(observation_spaces or {})
+        self.action_spaces = dict(action_spaces or {})
+        self.acts_at_end = {a: bool(v) for a, v in (acts_at_end or {}).items()}
         self.env_index = int(env_index)
         self.episode_index = int(episode_index)
         self.possible_agents = tuple(agent_ids)
@@ -88,6 +104,11 @@ class MultiAgentEpisode:
         """The module the agent was mapped to in this episode."""
         return self._agent_to_module[agent_id]
 
+    @property
+    def agent_to_module(self) -> dict[str, str]:
+        """`{agent_id: module_id}` for every agent of the env, as mapped in this episode."""
+        return dict(self._agent_to_module)
+
     def get_return(self) -> float:
         """Sum of the agent chunks' returns (rewards received before an agent's first
         action are not part of it, as in RLlib)."""
@@ -117,9 +138,20 @@ class MultiAgentEpisode:
         self.env_rewards = {a: np.concatenate([self.env_rewards[a], other.env_rewards[a]])
                             for a in self.env_rewards}
         self.acted = {a: np.concatenate([self.acted[a], other.acted[a]]) for a in self.acted}
+        self.completed = {a: np.concatenate([self.completed[a], other.completed[a]])
+                          for a in self.completed}
         self._len += len(other)
+        self.acts_at_end = dict(other.acts_at_end)
         self.is_terminated = other.is_terminated
         self.is_truncated = other.is_truncated
+
+    def to_rllib(self, *, weights_seq_no: int = 0):
+        """This chunk as a `ray.rllib.env.multi_agent_episode.MultiAgentEpisode` (numpy
+        data, agents' lookback kept, `env_t_to_agent_t` built; see
+        `jaxrunner.episodes.rllib_conversion`). Imports Ray."""
+        from jaxrunner.episodes.rllib_conversion import multi_agent_to_rllib
+
+        return multi_agent_to_rllib(self, weights_seq_no=weights_seq_no)
 
     def __repr__(self) -> str:
         state = ("terminated" if self.is_terminated else "truncated" if self.is_truncated
@@ -143,7 +175,8 @@ class MultiAgentEpisodeBatch(Sequence):
                  num_episodes: int | None, id_prefix: str, agent_ids: tuple[str, ...],
                  module_ids: tuple[str, ...], observation_spaces: dict,
                  action_spaces: dict, module_batch_fn: Callable | None = None,
-                 weights_seq_no: int = 0, discarded_env_steps: int = 0):
+                 weights_seq_no: int = 0, end_acting: Any = None,
+                 discarded_env_steps: int = 0):
         self.chunks = tuple(chunks)
         self.num_envs = num_envs
         self.mode = mode
@@ -158,6 +191,10 @@ class MultiAgentEpisodeBatch(Sequence):
         self._num_episodes = num_episodes
         self._id_prefix = id_prefix
         self._module_batch_fn = module_batch_fn
+        # (B, A) bool or None: the agents acting at the env step after the batch's last
+        # one (a copy of the carry's mask, never the carry's own buffer, which the next
+        # sample() donates); it completes the RLlib env-step map of cut chunks.
+        self._end_acting = end_acting
         self._episodes: list[MultiAgentEpisode] | None = None
         # Env steps of failed sub-envs' episodes (discarded: not in the episodes).
         self.discarded_env_steps = int(discarded_env_steps)
@@ -217,9 +254,17 @@ class MultiAgentEpisodeBatch(Sequence):
     def __iter__(self):
         return iter(self._host_episodes())
 
+    def to_rllib(self) -> list:
+        """The episode chunks as `ray.rllib.env.multi_agent_episode.MultiAgentEpisode`s
+        (in this batch's order, same ids across cuts; see `MultiAgentEpisode.to_rllib`),
+        their steps marked with this batch's `weights_seq_no`."""
+        return [episode.to_rllib(weights_seq_no=self.weights_seq_no)
+                for episode in self._host_episodes()]
+
     def _build_host_episodes(self) -> list[MultiAgentEpisode]:
-        chunks, (start_count, start_len, start_agent_len), lookback = jax.device_get(
-            (self.chunks, self._start_info, self._lookback))
+        chunks, (start_count, start_len, start_agent_len), lookback, end_acting = (
+            jax.device_get((self.chunks, self._start_info, self._lookback,
+                            self._end_acting)))
         num_steps = self._num_steps
         if not chunks:
             return []
@@ -291,6 +336,14 @@ class MultiAgentEpisodeBatch(Sequence):
                     env_rewards={a: traj.env_rewards[s:e, b, i]
                                  for i, a in enumerate(self.agent_ids)},
                     acted={a: traj.acted[s:e, b, i] for i, a in enumerate(self.agent_ids)},
+                    completed={a: traj.completed[s:e, b, i]
+                               for i, a in enumerate(self.agent_ids)},
+                    agent_t_started={a: int(start_agent_len[b, i]) if k == 0 else 0
+                                     for i, a in enumerate(self.agent_ids)},
+                    observation_spaces=self.observation_spaces,
+                    action_spaces=self.action_spaces,
+                    acts_at_end=({a: end_acting[b, i] for i, a in enumerate(self.agent_ids)}
+                                 if end_acting is not None and not finished else None),
                     env_index=b, episode_index=episode_index, agent_ids=self.agent_ids,
                 )
                 episodes.append((int(e - 1), b, episode))

@@ -217,33 +217,13 @@ class SingleAgentEpisode:
             observation_space=self.observation_space, action_space=self.action_space,
             agent_id=self.agent_id, module_id=self.module_id)
 
-    def to_rllib(self):
-        """This chunk as a `ray.rllib` `SingleAgentEpisode` (numpy-ized, lookback kept)."""
-        from ray.rllib.env.single_agent_episode import SingleAgentEpisode as RLlibEpisode
+    def to_rllib(self, *, weights_seq_no: int = 0):
+        """This chunk as a `ray.rllib` `SingleAgentEpisode` (numpy data, lookback kept,
+        every step's `extra_model_outputs["weights_seq_no"]` = `weights_seq_no`; see
+        `jaxrunner.episodes.rllib_conversion`). Imports Ray."""
+        from jaxrunner.episodes.rllib_conversion import single_agent_to_rllib
 
-        n_lb = self.len_lookback_buffer
-        obs = _concat(self.lookback_observations, self.observations)
-        n_obs = _length(obs)
-        episode = RLlibEpisode(
-            id_=self.id_,
-            observations=[_take(obs, i) for i in range(n_obs)],
-            infos=[{} for _ in range(n_obs)],
-            actions=list(np.concatenate([self.lookback_actions, self.actions])),
-            rewards=list(np.concatenate([self.lookback_rewards, self.rewards])),
-            extra_model_outputs={
-                k: [_take(joined, i) for i in range(_length(joined))]
-                for k, joined in ((k, _concat(self.lookback_extra_model_outputs[k], v))
-                                  for k, v in self.extra_model_outputs.items())},
-            terminated=self.is_terminated,
-            truncated=self.is_truncated,
-            t_started=self.t_started,
-            len_lookback_buffer=n_lb,
-            observation_space=self.observation_space,
-            action_space=self.action_space,
-            agent_id=self.agent_id,
-            module_id=self.module_id,
-        )
-        return episode.to_numpy()
+        return single_agent_to_rllib(self, weights_seq_no=weights_seq_no)
 
     def __repr__(self) -> str:
         state = ("terminated" if self.is_terminated else "truncated" if self.is_truncated

@@ -307,7 +307,9 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             num_episodes=num_episodes, id_prefix=self._id_prefix, agent_ids=self._agent_ids,
             module_ids=self.module.module_ids, observation_spaces=self.observation_spaces,
             action_spaces=self.action_spaces, module_batch_fn=self._module_batch_fn(),
-            weights_seq_no=self._weights_seq_no, discarded_env_steps=discarded)
+            weights_seq_no=self._weights_seq_no, discarded_env_steps=discarded,
+            # A copy: the next sample() donates the carry's own buffer.
+            end_acting=jnp.copy(self._carry.acting))
 
     def _check_layout_sample_args(self) -> None:
         if self.config.count_steps_by not in COUNT_STEPS_BY:
