@@ -324,7 +324,20 @@ def env_rows() -> list[dict[str, str]]:
             act = _space_text(env.action_space(params))
         rows.append({"id": name, "source": source, "kind": kind,
                      "observation_space": obs, "action_space": act})
+    from jaxrunner.envs.adapters import suite_env_rows
+
+    # Env suites: ids only (making each env would load or compile it; spaces "").
+    rows += [{**row, "observation_space": "", "action_space": ""}
+             for row in suite_env_rows()[0]]
     return rows
+
+
+def _print_missing_suites(file) -> None:
+    """One line per env suite that `jaxrunner envs` could not list, with how to add it."""
+    from jaxrunner.envs.adapters import suite_env_rows
+
+    for row in suite_env_rows()[1]:
+        print(f"suite {row['prefix']}/ not listed: {row['reason']}", file=file)
 
 
 _ENV_COLUMNS = ("id", "source", "kind", "observation_space", "action_space")
@@ -334,6 +347,7 @@ def _cmd_envs(args: argparse.Namespace) -> int:
     rows = env_rows()
     if args.json:
         print(json.dumps(rows, indent=1))
+        _print_missing_suites(sys.stderr)
         return 0
     if not sys.stdout.isatty():
         # Piped: one tab-separated line per env, nothing cut to a terminal width.
@@ -341,6 +355,7 @@ def _cmd_envs(args: argparse.Namespace) -> int:
         for row in rows:
             print("\t".join(_short_spaces(row[c]) if c.endswith("space") else row[c]
                             for c in _ENV_COLUMNS))
+        _print_missing_suites(sys.stderr)
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -356,6 +371,7 @@ def _cmd_envs(args: argparse.Namespace) -> int:
         table.add_row(*(_short_spaces(row[c]) if c.endswith("space") else row[c]
                         for c in _ENV_COLUMNS))
     Console().print(table)
+    _print_missing_suites(sys.stdout)
     return 0
 
 
@@ -412,16 +428,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     except ImportError:
         raise UsageError("writing the plot needs matplotlib (pip install 'jaxrunner[bench]')"
                          ) from None
-    try:
-        results = run_throughput(env_id=args.env, num_envs_list=args.num_envs,
-                                 num_steps=args.num_steps, random_actions=args.random_actions,
-                                 rounds=args.rounds, output=args.output,
-                                 progress=lambda line: None)
-    except (ValueError, TypeError) as error:
-        raise UsageError(str(error).splitlines()[0]) from error
+    results: dict[str, Any] | None = None
+    for num_envs in args.num_envs:  # one case at a time, reported as soon as it is measured
+        try:
+            case = run_throughput(env_id=args.env, num_envs_list=[num_envs],
+                                  num_steps=args.num_steps,
+                                  random_actions=args.random_actions, rounds=args.rounds,
+                                  output=None, progress=lambda line: None)
+        except (ValueError, TypeError) as error:
+            raise UsageError(str(error).splitlines()[0]) from error
+        for line in bench_summary_lines(case):
+            print(line, flush=True)
+        if results is None:
+            results = case
+        else:
+            results["cases"].extend(case["cases"])
+    with open(args.output, "w") as f:
+        json.dump(results, f, indent=1)
     plot_throughput(results, plot)
-    for line in bench_summary_lines(results):
-        print(line)
     print(f"wrote {args.output} and {plot}")
     return 0
 

@@ -175,3 +175,28 @@ def test_save_and_restore__paths(saved, fresh_runner, tmp_path):
     # The file itself is accepted too.
     fresh_runner.restore_from_path(os.path.join(saved["path"], checkpoint.FILE_NAME))
     assert fresh_runner.weights_seq_no == 7
+
+
+def test_load_state__entries_shapes_and_dtypes_must_fit_exactly():
+    template = {"weights": {"kernel": np.zeros((3, 2), np.float32)},
+                "carry": {"count": np.zeros((4,), np.int32), "done": np.zeros(4, bool)},
+                "lifetime": 7, "connector": {}}
+    state, header = checkpoint.load_state(
+        checkpoint.dump_state(template, {"env": "E"}), template)
+    assert header["env"] == "E"
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state, template)))
+    other = {"weights": {"kernel": np.zeros((3, 2), np.float64)},
+             "carry": {"count": np.zeros((5,), np.int32)},
+             "lifetime": 7, "connector": {}, "extra": 1}
+    data = checkpoint.dump_state(other, {"runner_class": "MultiAgentEnvRunner", "env": "E",
+                                         "num_envs_per_env_runner": 5})
+    with pytest.raises(jaxrunner.StateStructureError) as info:
+        checkpoint.load_state(data, template, source="ckpt")
+    message = str(info.value)
+    for part in ("ckpt does not fit this runner (4 difference(s): ",
+                 "['weights']['kernel']: expected dtype float32, got float64",
+                 "['carry']['count']: expected shape (4,), got (5,)",
+                 "missing ['carry']['done']", "unexpected ['extra']",
+                 "written by runner_class='MultiAgentEnvRunner', env='E', "
+                 "num_envs_per_env_runner=5"):
+        assert part in message, (part, message)
