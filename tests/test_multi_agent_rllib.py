@@ -112,6 +112,11 @@ def assert_same_episode(theirs, mine, *, weights_seq_no=0):
         assert_same_agent_chunk(theirs.agent_episodes[agent_id], chunk, episode_id=mine.id_,
                                 module_id=mine.module_for(agent_id),
                                 weights_seq_no=weights_seq_no)
+    # RLlib's own consumers of the episode work on it.
+    sample_batch = theirs.get_sample_batch()
+    assert sample_batch.env_steps() == len(mine)
+    assert {a: len(b) for a, b in sample_batch.policy_batches.items()} == {
+        a: len(c) for a, c in mine.agent_episodes.items()}
     assert theirs.get_terminateds() == {
         **{a: c.is_terminated for a, c in mine.agent_episodes.items()},
         "__all__": mine.is_terminated}
