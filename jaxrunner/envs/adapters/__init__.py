@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import importlib.util
 from typing import Any, Callable
@@ -200,6 +201,40 @@ def suite_report() -> list[dict]:
             for s in SUITES.values()]
 
 
+@functools.lru_cache(maxsize=1)
+def suite_env_rows() -> tuple[list[dict], list[dict]]:
+    """`(rows, missing)` for `jaxrunner envs` (computed once per process: it imports every
+    installed suite).
+
+    rows: `{"id": "<prefix>/<id>", "source": prefix, "kind": "single_agent" |
+    "multi_agent"}` for every id of every installed suite. missing: `{"prefix", "reason"}`
+    for each suite that is not installed (the reason says how to add it), is not supported
+    here, or failed to list its ids.
+    """
+    from jaxrunner.envs.kind import MULTI_AGENT, SINGLE_AGENT
+
+    rows, missing = [], []
+    for suite in SUITES.values():
+        if suite.adapter_module is None or not suite.installed:
+            reason = suite.install_hint if suite.adapter_module is None else (
+                f"not installed: {suite.install_hint}")
+            missing.append({"prefix": suite.prefix, "reason": reason})
+            continue
+        try:
+            ids = suite.env_ids()
+            module = suite.module()
+            multi = set(module.multi_player_ids()) if hasattr(module, "multi_player_ids") \
+                else set()
+        except Exception as error:  # noqa: BLE001 - a broken install is reported, not fatal
+            missing.append({"prefix": suite.prefix,
+                            "reason": f"installed but failed to list its envs: "
+                                      f"{type(error).__name__}: {error}"})
+            continue
+        rows += [{"id": f"{suite.prefix}/{i}", "source": suite.prefix,
+                  "kind": MULTI_AGENT if i in multi else SINGLE_AGENT} for i in ids]
+    return rows, missing
+
+
 __all__ = ["KINETIX_NOTE", "NoParams", "SUITES", "Suite", "SuiteAdapter", "SuiteState",
            "adapt", "is_adapted", "make_suite_env", "suite_of_object", "suite_prefix_of",
-           "suite_report"]
+           "suite_env_rows", "suite_report"]

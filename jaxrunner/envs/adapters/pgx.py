@@ -199,6 +199,13 @@ def env_ids() -> list[str]:
             or _has_minatar()]
 
 
+def multi_player_ids() -> list[str]:
+    """The ids of games with two or more players (`PgxMultiAgentEnv`, MultiAgentEnvRunner)."""
+    import pgx
+
+    return [i for i in env_ids() if int(pgx.make(i).num_players) > 1]
+
+
 def _has_minatar() -> bool:
     import importlib.util
 
