@@ -89,6 +89,10 @@ def test_structure_diff__node_kinds_dataclasses_and_sequences():
         "['x']: expected a mapping, got an array (2,) float64"]
     assert structure_diff({"x": np.zeros(2, np.float32)}, {"x": None}) == [
         "['x']: expected an array (2,) float32, got None"]
+    # Empty containers are nodes without children, not leaves.
+    assert structure_diff({"a": (), "b": []}, {"a": (), "b": []}) == []
+    assert structure_diff({"a": ()}, {"a": (np.zeros(2),)}) == [
+        "['a']: expected a tuple of 0, got a tuple of 1"]
     # Lists compare element by element.
     assert structure_diff([np.zeros(2), np.zeros(3)], [np.zeros(2), np.zeros(4)]) == [
         "[1]: expected shape (3,), got (4,)"]
