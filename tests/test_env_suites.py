@@ -425,3 +425,23 @@ def test_pgx_2048__runner_by_name():
     assert runner.observation_space.shape == (4, 4, 31)
     assert runner.env.action_mask is not None  # the mask the core's acting step reads
     assert metrics["num_env_steps_sampled"] >= 40
+
+
+def test_jaxrunner_envs__lists_installed_suites_ids_and_says_what_is_missing(capsys):
+    import json
+
+    from jaxrunner.cli import main
+
+    assert main(["envs", "--json"]) == 0
+    out, err = capsys.readouterr()
+    rows = {row["id"]: row for row in json.loads(out)}
+    for row in adapters.suite_report():
+        listed = [i for i in rows if i.startswith(row["prefix"] + "/")]
+        if row["installed"] and row["supported"]:
+            assert listed, row["prefix"]
+        else:
+            assert not listed and f"suite {row['prefix']}/ not listed" in err
+    assert "jax<=0.9.0" in err  # Kinetix: why it is not there
+    if "pgx/tic_tac_toe" in rows:
+        assert rows["pgx/tic_tac_toe"]["kind"] == "multi_agent"
+        assert rows["pgx/2048"]["kind"] == "single_agent"
