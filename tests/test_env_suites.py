@@ -328,6 +328,21 @@ def test_jumanji__termination_and_truncation_from_step_type_and_discount():
     assert any(te for _, te, _ in ends) and any(tr for _, _, tr in ends)
 
 
+def test_jumanji__auto_reset_wrapper_is_refused():
+    jumanji = pytest.importorskip("jumanji")
+    from jumanji.wrappers import AutoResetWrapper
+
+    with pytest.raises(ValueError, match="give the bare env"):
+        adapters.adapt(AutoResetWrapper(jumanji.make("Snake-v1")))
+
+
+def test_pgx_two_player_game__single_agent_runner_names_the_multi_agent_runner():
+    pytest.importorskip("pgx")
+    config = jaxrunner.RunnerConfig().environment("pgx/tic_tac_toe")
+    with pytest.raises(TypeError, match="MultiAgentEnvRunner"):
+        jaxrunner.SingleAgentEnvRunner(config=config)
+
+
 def test_jumanji__runner_by_object_with_dict_observations():
     jumanji = pytest.importorskip("jumanji")
     snake = jumanji.make("Snake-v1", num_rows=6, num_cols=6, time_limit=20)

@@ -30,6 +30,8 @@ from jaxrunner.envs.adapters.base import (SuiteAdapter, SuiteState, first_state,
 from jaxrunner.envs.spaces import to_gymnax
 
 _LAST = 2  # jumanji.types.StepType.LAST
+_AUTO_RESET_WRAPPERS = ("AutoResetWrapper", "VmapAutoResetWrapper", "VmapWrapper",
+                        "JumanjiToGymWrapper", "JumanjiToDMEnvWrapper")
 
 
 def _spec_to_gymnax(spec: Any, what: str) -> Any:
@@ -64,6 +66,12 @@ class JumanjiEnv(SuiteAdapter):
     suite = "jumanji"
 
     def __init__(self, env: Any, env_id: str | None = None):
+        if type(env).__name__ in _AUTO_RESET_WRAPPERS:
+            raise ValueError(
+                f"{type(env).__name__} wraps the env given to the jumanji adapter: give the "
+                "bare env (jumanji.make(id)). Its auto-reset would drop each episode's "
+                "final observation; the adapter resets itself, with a fresh key per episode."
+            )
         super().__init__(env, env_id)
         self._obs_space = _spec_to_gymnax(env.observation_spec, f"{self.name} observation_spec")
         self._act_space = _spec_to_gymnax(env.action_spec, f"{self.name} action_spec")
