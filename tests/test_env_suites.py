@@ -460,3 +460,15 @@ def test_jaxrunner_envs__lists_installed_suites_ids_and_says_what_is_missing(cap
     if "pgx/tic_tac_toe" in rows:
         assert rows["pgx/tic_tac_toe"]["kind"] == "multi_agent"
         assert rows["pgx/2048"]["kind"] == "single_agent"
+
+
+def test_jumanji__multi_discrete_actions_through_the_runner():
+    pytest.importorskip("jumanji")
+    env, params = adapters.make_suite_env("jumanji/Minesweeper-v0", {})
+    assert isinstance(env.action_space(params), MultiDiscrete)
+    assert not hasattr(env, "action_mask")  # its (rows, cols) mask is not a flat one
+    runner, episodes, metrics = smoke_sample(env, num_timesteps=32)
+    assert runner.action_space == gym.spaces.MultiDiscrete([10, 10])
+    actions = np.concatenate([np.asarray(e.actions) for e in episodes])
+    assert actions.shape[1:] == (2,) and actions.min() >= 0 and actions.max() <= 9
+    assert metrics["num_episodes"] >= 1
