@@ -75,6 +75,9 @@ class MultiAgentCarry:
     module_steps: jax.Array  # (M,) uint32: completed agent steps per module (mod 2**32)
     agent_metrics: MetricRegisters  # leaves (A, ...): per agent, episodes it stepped in
     module_metrics: MetricRegisters  # leaves (M, ...): per module, episodes it stepped in
+    # Recurrent modules' state: {module_id: leaves (K * B, ...)}, the rows of the K agents
+    # that can map to the module stacked agent-major (as the module's input batch).
+    module_state: dict
 
 
 @struct.dataclass
@@ -230,6 +233,28 @@ class MultiAgentLayout:
         self.groups = spec.agents_of_module()
         self._vmapped_to_act = jax.vmap(spec.env.agents_to_act, in_axes=(0, None))
         self._vmapped_indices = jax.vmap(spec.mapping.indices, in_axes=(None, 0, 0))
+        self.stateful = tuple(m for m in self.groups if spec.module[m].is_stateful())
+        for agent in self.agents:
+            candidates = [m for m in spec.mapping.candidates[agent] if m in self.groups]
+            states = {repr(jax.tree.structure(spec.module[m].get_initial_state()))
+                      if m in self.stateful else None for m in candidates}
+            if len(states) > 1:
+                raise ValueError(
+                    f"Agent {agent!r} can map to modules {candidates} whose recurrent states "
+                    "differ (or only some are recurrent); an agent's modules must carry the "
+                    "same state structure. Map the agent to modules of one kind.")
+
+    def _initial_module_state(self) -> dict:
+        num_envs = self.spec.num_envs
+        return {m: jax.tree.map(
+            lambda x, rows=len(self.groups[m]) * num_envs: jnp.broadcast_to(
+                jnp.asarray(x), (rows,) + jnp.shape(x)),
+            self.spec.module[m].get_initial_state()) for m in self.stateful}
+
+    def _rows(self, module_id: str, per_agent: jax.Array) -> jax.Array:
+        """`(K * B,)` rows of a `(B, A)` per-agent flag for the module's input batch."""
+        columns = [self.agents.index(a) for a in self.groups[module_id]]
+        return jnp.concatenate([per_agent[:, i] for i in columns], axis=0)
 
     # ------------------------------------------------------------------ helpers
     def _acting_mask(self, env_state: Any, env_params: Any) -> jax.Array:
@@ -249,9 +274,11 @@ class MultiAgentLayout:
         first = spec.module[spec.mapping.candidates[agent][0]]
         return first.action_dist_cls.required_input_dim(spec.action_spaces[agent])
 
-    def _policy(self, params: Any, obs: dict, module_index: jax.Array, key: jax.Array
-                ) -> tuple[dict, dict]:
-        """Every agent's action and extras (`action_logp`, `action_dist_inputs`)."""
+    def _policy(self, params: Any, obs: dict, module_index: jax.Array, module_state: dict,
+                acting: jax.Array, key: jax.Array) -> tuple[dict, dict, dict]:
+        """Every agent's action and extras (`action_logp`, `action_dist_inputs`, and
+        `state_out` for recurrent modules), and the recurrent modules' next state (only
+        the rows of agents in `acting` (B, A) advance)."""
         spec, agents, num_envs = self.spec, self.agents, self.spec.num_envs
         if self.mode == "random":
             actions, extras = {}, {}
@@ -263,8 +290,14 @@ class MultiAgentLayout:
                     "action_dist_inputs": jnp.zeros((num_envs, self._dist_dim(agent)),
                                                     jnp.float32),
                 }
-            return actions, extras
+            for module_id in self.stateful:  # the same record in every mode
+                for k, agent in enumerate(self.groups[module_id]):
+                    extras[agent]["state_out"] = jax.tree.map(
+                        lambda x, k=k: x[k * num_envs:(k + 1) * num_envs],
+                        module_state[module_id])
+            return actions, extras, module_state
         per_module: dict[tuple[str, str], tuple] = {}
+        new_state = dict(module_state)
         group_keys = jax.random.split(key, max(1, len(self.groups)))
         for (module_id, members), group_key in zip(self.groups.items(), group_keys):
             rl_module = spec.module[module_id]
@@ -272,46 +305,66 @@ class MultiAgentLayout:
                  else jnp.concatenate([obs[a] for a in members], axis=0))
             forward = (rl_module.forward_exploration if self.mode == "explore"
                        else rl_module.forward_inference)
-            dist_inputs = forward(params[module_id], {"obs": x})["action_dist_inputs"]
+            batch = {"obs": x}
+            if module_id in self.stateful:
+                batch["state_in"] = module_state[module_id]
+            out = forward(params[module_id], batch)
+            dist_inputs = out["action_dist_inputs"]
+            if module_id in self.stateful:
+                advance = self._rows(module_id, acting)
+                new_state[module_id] = jax.tree.map(
+                    lambda n, o: _select(advance, n, o), out["state_out"],
+                    module_state[module_id])
             dist = rl_module.action_dist_cls.from_inputs(dist_inputs)
             actions = (dist.sample(group_key) if self.mode == "explore"
                        else dist.deterministic_sample())
             logp = dist.logp(actions)
             for k, agent in enumerate(members):
                 part = slice(k * num_envs, (k + 1) * num_envs)
+                state_out = (jax.tree.map(lambda x, p=part: x[p], new_state[module_id])
+                             if module_id in self.stateful else None)
                 per_module[(agent, module_id)] = (actions[part], logp[part],
-                                                  dist_inputs[part].astype(jnp.float32))
+                                                  dist_inputs[part].astype(jnp.float32),
+                                                  state_out)
         actions, extras = {}, {}
         for i, agent in enumerate(agents):
             candidates = spec.mapping.candidates[agent]
-            action, logp, inputs = per_module[(agent, candidates[-1])]
+            action, logp, inputs, state_out = per_module[(agent, candidates[-1])]
             for candidate in reversed(candidates[:-1]):
                 chosen = module_index[:, i] == self.module_ids.index(candidate)
-                c_action, c_logp, c_inputs = per_module[(agent, candidate)]
+                c_action, c_logp, c_inputs, c_state = per_module[(agent, candidate)]
                 action = _select(chosen, c_action, action)
                 logp = jnp.where(chosen, c_logp, logp)
                 inputs = jnp.where(chosen[:, None], c_inputs, inputs)
+                if state_out is not None:
+                    state_out = jax.tree.map(lambda n, o, c=chosen: _select(c, n, o),
+                                             c_state, state_out)
             actions[agent] = action
             extras[agent] = {"action_logp": logp, "action_dist_inputs": inputs}
-        return actions, extras
+            if state_out is not None:
+                extras[agent]["state_out"] = state_out
+        return actions, extras, new_state
 
     # ------------------------------------------------------------------ carry
     def init_fields(self, key, obs, env_state, params, env_params) -> dict:
         num_envs, num_agents = self.spec.num_envs, self.num_agents
         act_key, mapping_key = jax.random.split(key)
         module_index = self._module_indices(mapping_key, jnp.zeros((num_envs,), jnp.int32))
-        actions, extras = jax.eval_shape(self._policy, params, obs, module_index, act_key)
+        module_state = self._initial_module_state()
+        acting = self._acting_mask(env_state, env_params)
+        actions, extras, _ = jax.eval_shape(self._policy, params, obs, module_index,
+                                            module_state, acting, act_key)
         zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
         window = self.spec.metrics_window
         return dict(
-            acting=self._acting_mask(env_state, env_params),
+            acting=acting,
             agent_done=jnp.zeros((num_envs, num_agents), jnp.bool_),
             pending=jnp.zeros((num_envs, num_agents), jnp.bool_),
             pending_obs=jax.tree.map(jnp.zeros_like, obs),
             pending_action=jax.tree.map(zeros, actions),
             pending_extras=jax.tree.map(zeros, extras),
             pending_reward=jnp.zeros((num_envs, num_agents), jnp.float32),
-            module_index=module_index, mapping_key=mapping_key,
+            module_index=module_index, mapping_key=mapping_key, module_state=module_state,
             agent_len=jnp.zeros((num_envs, num_agents), jnp.int32),
             agent_len_in_call=jnp.zeros((num_envs, num_agents), jnp.int32),
             agent_return=jnp.zeros((num_envs, num_agents), jnp.float32),
@@ -329,13 +382,15 @@ class MultiAgentLayout:
             module_index=self._module_indices(carry.mapping_key, carry.episode_count),
             agent_len=jnp.zeros_like(carry.agent_len),
             agent_len_in_call=jnp.zeros_like(carry.agent_len_in_call),
-            agent_return=jnp.zeros_like(carry.agent_return))
+            agent_return=jnp.zeros_like(carry.agent_return),
+            module_state=self._initial_module_state())
 
     # ------------------------------------------------------------------ one step
     def act(self, params, carry: MultiAgentCarry, key):
-        actions, extras = self._policy(params, carry.obs, carry.module_index, key)
+        actions, extras, module_state = self._policy(params, carry.obs, carry.module_index,
+                                                     carry.module_state, carry.acting, key)
         env_actions = {a: self.spec.actions_for_env[a](actions[a]) for a in self.agents}
-        return env_actions, (actions, extras)
+        return env_actions, (actions, extras, module_state)
 
     def outcome(self, rewards, terminateds, truncateds):
         agents = self.agents
@@ -349,7 +404,7 @@ class MultiAgentLayout:
         return reward, agent_terminated, agent_truncated, all_terminated, all_truncated
 
     def after_step(self, carry: MultiAgentCarry, acted, step, env_params):
-        actions, extras = acted
+        actions, extras, module_state = acted
         agents, acting = self.agents, carry.acting
         failed = step.failed[:, None]  # (B, 1): the episode is dropped for every agent
         all_done = step.ended  # the episode ended (done or failed): a new one starts
@@ -395,6 +450,11 @@ class MultiAgentLayout:
             agent_len=jnp.where(reset, 0, agent_len),
             agent_len_in_call=jnp.where(reset, 0, agent_len_in_call),
             agent_return=jnp.where(reset, 0.0, agent_return),
+            # A new episode (or a recreated sub-env) starts from the initial state.
+            module_state={m: jax.tree.map(
+                lambda init, cur, m=m: _select(jnp.tile(all_done, len(self.groups[m])),
+                                               init, cur),
+                self._initial_module_state()[m], module_state[m]) for m in self.stateful},
         )
         flags = (acting.astype(jnp.uint8) | (completed.astype(jnp.uint8) << 1)
                  | (terminated.astype(jnp.uint8) << 2) | (truncated.astype(jnp.uint8) << 3))

@@ -307,8 +307,9 @@ class MultiAgentEpisodeBatch(Sequence):
                         observations=observations,
                         actions=jax.tree.map(lambda x: x[steps, b], traj.actions[agent]),
                         rewards=traj.rewards[steps, b, i],
-                        extra_model_outputs={n: v[steps, b] for n, v in
-                                             traj.extra_model_outputs[agent].items()},
+                        extra_model_outputs={
+                            n: jax.tree.map(lambda x: x[steps, b], v)
+                            for n, v in traj.extra_model_outputs[agent].items()},
                         terminated=bool(traj.terminated[last, b, i]),
                         truncated=bool(traj.truncated[last, b, i]),
                         t_started=t_started,
@@ -318,7 +319,8 @@ class MultiAgentEpisodeBatch(Sequence):
                                                       lookback.actions[agent]),
                         lookback_rewards=lookback.rewards[lb, b, i],
                         lookback_extra_model_outputs={
-                            n: v[lb, b] for n, v in lookback.extra_model_outputs[agent].items()},
+                            n: jax.tree.map(lambda x: x[lb, b], v)
+                            for n, v in lookback.extra_model_outputs[agent].items()},
                         observation_space=self.observation_spaces.get(agent),
                         action_space=self.action_spaces.get(agent),
                         agent_id=agent,

@@ -243,9 +243,14 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             obs_space = self.observation_spaces[members[0]]
             obs = jax.ShapeDtypeStruct((batch,) + tuple(obs_space.shape),
                                        np.dtype(obs_space.dtype))
+            inputs = {"obs": obs}
+            if rl_module.is_stateful():
+                inputs["state_in"] = jax.tree.map(
+                    lambda x, n=batch: jax.ShapeDtypeStruct((n,) + jnp.shape(x),
+                                                            jnp.asarray(x).dtype),
+                    rl_module.get_initial_state())
             try:
-                out = jax.eval_shape(rl_module.forward_exploration, params[module_id],
-                                     {"obs": obs})
+                out = jax.eval_shape(rl_module.forward_exploration, params[module_id], inputs)
             except Exception as error:  # noqa: BLE001 - re-raised with context
                 raise ValueError(
                     f"Module {module_id!r} ({type(rl_module).__name__}) fails on a batch of "
