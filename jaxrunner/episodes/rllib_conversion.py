@@ -29,9 +29,12 @@ chunk is not one of RLlib's "hanging" values here (that step and its whole rewar
 the next chunk's agent episode, as in jaxrunner's views), so
 `get_return(include_hanging_rewards=True)` equals `get_return()`. An agent's very first
 observation at a cut chunk's last env time (a turn-based agent about to move for the
-first time) is on the env timeline only when the batch knows which agents act next
-(`MultiAgentEpisode.acts_at_end`); otherwise the agent enters the map in the next chunk
-and RLlib's `concat_episode` takes its map from there.
+first time) is on the env timeline through `MultiAgentEpisode.acts_at_end` (the runner
+gives the batch its `end_acting` mask); a batch built without it puts the agent on the
+map from the next chunk on, and RLlib's `concat_episode` then takes its map from there.
+RLlib's own `concat_episode` does not extend the map of an agent that is done, or that
+has no agent steps in the appended chunk; maps of whole episodes joined from chunks
+inherit that.
 """
 
 from __future__ import annotations
