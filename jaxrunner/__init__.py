@@ -18,23 +18,32 @@ local runner need no Ray installed.
 
 from jaxrunner.compilation_cache import enable_compilation_cache as enable_compilation_cache
 from jaxrunner.config import RunnerConfig as RunnerConfig
+from jaxrunner.core.faults import mark_step_failed as mark_step_failed
 from jaxrunner.envs.context import EnvContext as EnvContext
 from jaxrunner.envs.registry import register_env as register_env
 from jaxrunner.episodes.batch import EpisodeBatch as EpisodeBatch
 from jaxrunner.episodes.multi_agent_episode import MultiAgentEpisode as MultiAgentEpisode
+from jaxrunner.episodes.multi_agent_episode import (
+    MultiAgentEpisodeBatch as MultiAgentEpisodeBatch)
 from jaxrunner.episodes.single_agent_episode import SingleAgentEpisode as SingleAgentEpisode
 from jaxrunner.errors import SampleArgumentError as SampleArgumentError
 from jaxrunner.errors import StateStructureError as StateStructureError
 from jaxrunner.errors import StepFailedRecreateEnvError as StepFailedRecreateEnvError
 from jaxrunner.fork_warning import ignore_subprocess_fork_warning as _ignore_fork_warning
 from jaxrunner.modules.multi_rl_module import MultiRLModule as MultiRLModule
+from jaxrunner.modules.recurrent import GRUModule as GRUModule
 from jaxrunner.modules.rl_module import DefaultMLPModule as DefaultMLPModule
+from jaxrunner.modules.rl_module import LinenRLModule as LinenRLModule
+from jaxrunner.modules.rl_module import NNXRLModule as NNXRLModule
 from jaxrunner.modules.rl_module import RLModule as RLModule
 from jaxrunner.modules.rl_module import RLModuleSpec as RLModuleSpec
 from jaxrunner.runners.env_runner import EnvRunner as EnvRunner
 from jaxrunner.runners.multi_agent_env_runner import MultiAgentEnvRunner as MultiAgentEnvRunner
 from jaxrunner.runners.selection import runner_class_for as runner_class_for
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner as SingleAgentEnvRunner
+from jaxrunner.structure import check_finite_tree as check_finite_tree
+from jaxrunner.structure import check_same_structure as check_same_structure
+from jaxrunner.structure import structure_diff as structure_diff
 
 __version__ = "0.1.0"
 
@@ -67,9 +76,13 @@ __all__ = [
     "EnvRunner",
     "EnvRunnerGroup",
     "EpisodeBatch",
+    "GRUModule",
+    "LinenRLModule",
     "MultiAgentEnvRunner",
     "MultiAgentEpisode",
+    "MultiAgentEpisodeBatch",
     "MultiRLModule",
+    "NNXRLModule",
     "RLModule",
     "RLModuleSpec",
     "RunnerConfig",
@@ -78,7 +91,11 @@ __all__ = [
     "SingleAgentEpisode",
     "StateStructureError",
     "StepFailedRecreateEnvError",
+    "check_finite_tree",
+    "check_same_structure",
     "enable_compilation_cache",
+    "mark_step_failed",
     "register_env",
     "runner_class_for",
+    "structure_diff",
 ]

@@ -94,8 +94,8 @@ def saved(request, tmp_path_factory):
     runner.set_state({"rl_module": jax.tree.map(lambda x: x * 1.5, weights),
                       "weights_seq_no": 3})
     runner.sample(num_timesteps=3)
-    # Metrics not yet reported at save time are a separate contract (see the xfail test
-    # below); here the checkpoint is taken right after get_metrics().
+    # Metrics not yet reported at save time are a separate contract (the test below); here
+    # the checkpoint is taken right after get_metrics().
     runner.get_metrics()
     path = runner.save_to_path(str(tmp_path_factory.mktemp(f"ma_ckpt_{name}")))
     following = runner.sample()
@@ -182,11 +182,6 @@ def test_multi_agent_checkpoint__another_config_is_refused_and_changes_nothing(s
         runner.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "RunnerMetrics.get_state() (jaxrunner/metrics/logger.py) leaves out the host counters "
-    "not yet reported (_env_steps, _env_steps_discarded) and env_steps_discarded_lifetime, "
-    "so num_env_steps_sampled after a restore counts only the steps since the restore "
-    "while num_episodes (device registers, in the carry) counts those before it too."))
 def test_multi_agent_checkpoint__metrics_not_yet_reported_survive_a_restore(tmp_path):
     runner = MultiAgentEnvRunner(config=make_config("tictactoe"))
     fresh = MultiAgentEnvRunner(config=make_config("tictactoe"))

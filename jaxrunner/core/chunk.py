@@ -70,6 +70,12 @@ def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
     return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, buffers))
 
 
+def check_policy_mode(mode: str) -> None:
+    """Raises ValueError unless `mode` is one of `POLICY_MODES`."""
+    if mode not in POLICY_MODES:
+        raise ValueError(f"mode must be one of {POLICY_MODES}, got {mode!r}.")
+
+
 @struct.dataclass
 class StepOutcome:
     """One vector step's env outcome as the layout sees it in `after_step` (`(B, ...)`).
@@ -226,4 +232,5 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
                     init_lookback=init_lookback, chunk=chunk)
 
 
-__all__ = ["ChunkFns", "POLICY_MODES", "StepOutcome", "make_chunk_fns", "scan_while"]
+__all__ = ["ChunkFns", "POLICY_MODES", "StepOutcome", "check_policy_mode", "make_chunk_fns",
+           "scan_while"]

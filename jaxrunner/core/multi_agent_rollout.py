@@ -39,7 +39,7 @@ from flax import struct
 
 from jaxrunner.core.autoreset import EnvStepFns
 from jaxrunner.core.carry import MetricRegisters
-from jaxrunner.core.chunk import POLICY_MODES, ChunkFns, make_chunk_fns
+from jaxrunner.core.chunk import ChunkFns, check_policy_mode, make_chunk_fns
 from jaxrunner.core.lookback import gather_last, last_positions, zeros_like_steps
 from jaxrunner.core.mapping import AgentMapping
 from jaxrunner.core.ring import RingInput, stacked_registers, write_episodes
@@ -224,8 +224,7 @@ class MultiAgentLayout:
     counts_agent_steps = True
 
     def __init__(self, spec: MultiAgentRolloutSpec, mode: str):
-        if mode not in POLICY_MODES:
-            raise ValueError(f"mode must be one of {POLICY_MODES}, got {mode!r}.")
+        check_policy_mode(mode)
         self.spec, self.mode = spec, mode
         self.step_fns = multi_agent_step_fns(spec.env)
         self.agents, self.module_ids = spec.agent_ids, spec.module_ids

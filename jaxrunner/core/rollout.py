@@ -24,7 +24,8 @@ from jaxrunner.connectors.base import ConnectorContext
 from jaxrunner.core.autoreset import (AUTORESET_MODES, check_partial_autoreset_env,
                                       gymnax_step_fns)
 from jaxrunner.core.carry import ChunkInfo, Lookback, RolloutCarry, Trajectory
-from jaxrunner.core.chunk import POLICY_MODES, ChunkFns, make_chunk_fns, scan_while
+from jaxrunner.core.chunk import (POLICY_MODES, ChunkFns, check_policy_mode, make_chunk_fns,
+                                  scan_while)
 from jaxrunner.core.faults import FAILURE_INFO_KEY, mark_step_failed
 from jaxrunner.core.lookback import roll_lookback, zeros_like_steps
 from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, rank_positions, write_ring
@@ -99,8 +100,7 @@ def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
     `connector_state` and `module_state`: the compiled rollout passes its carry, the
     host-env runner the same fields for a gymnasium vector env. `spec.env` is not used.
     """
-    if mode not in POLICY_MODES:
-        raise ValueError(f"mode must be one of {POLICY_MODES}, got {mode!r}.")
+    check_policy_mode(mode)
     module = spec.module
     num_envs = spec.num_envs
     dist_dim = module.action_dist_input_dim
@@ -156,8 +156,7 @@ class SingleAgentLayout:
     counts_agent_steps = False
 
     def __init__(self, spec: RolloutSpec, mode: str):
-        if mode not in POLICY_MODES:
-            raise ValueError(f"mode must be one of {POLICY_MODES}, got {mode!r}.")
+        check_policy_mode(mode)
         if spec.autoreset_mode == "partial":
             check_partial_autoreset_env(spec.env)
         self.spec = spec

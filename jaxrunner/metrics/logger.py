@@ -158,10 +158,17 @@ class RunnerMetrics:
         return {"episodes_lifetime": self.episodes_lifetime,
                 "vector_steps_lifetime": self.vector_steps_lifetime,
                 "episodes_seen_on_device": self._episodes_seen_on_device,
-                "env_step_failures_lifetime": self.env_step_failures_lifetime}
+                "env_step_failures_lifetime": self.env_step_failures_lifetime,
+                "env_steps_discarded_lifetime": self.env_steps_discarded_lifetime,
+                # Sampled since the last get_metrics() (reported by the next one).
+                "env_steps_unreported": self._env_steps,
+                "env_steps_discarded_unreported": self._env_steps_discarded}
 
     def set_state(self, state: dict[str, int]) -> None:
         self.episodes_lifetime = int(state["episodes_lifetime"])
         self.vector_steps_lifetime = int(state["vector_steps_lifetime"])
         self._episodes_seen_on_device = int(state["episodes_seen_on_device"])
         self.env_step_failures_lifetime = int(state["env_step_failures_lifetime"])
+        self.env_steps_discarded_lifetime = int(state.get("env_steps_discarded_lifetime", 0))
+        self._env_steps = int(state.get("env_steps_unreported", 0))
+        self._env_steps_discarded = int(state.get("env_steps_discarded_unreported", 0))

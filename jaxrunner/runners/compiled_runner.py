@@ -30,6 +30,7 @@ import numpy as np
 from jaxrunner.config import RunnerConfig
 from jaxrunner.core.ring import NO_EPISODE_LIMIT
 from jaxrunner.core.faults import FAILURE_INFO_KEY
+from jaxrunner.envs.context import EnvContext
 from jaxrunner.errors import SampleArgumentError, StateStructureError
 from jaxrunner.runners.env_runner import EnvRunner
 from jaxrunner.runners.sharding import make_env_mesh, replicate, shard_carry
@@ -193,6 +194,15 @@ class CompiledEnvRunner(EnvRunner):
 
     def _carry_capturable(self) -> None:
         """Raises if the carry cannot be captured by get_state (host envs)."""
+
+    def _env_context(self) -> EnvContext:
+        """The `EnvContext` the env creator gets (`config.env_config` with this runner's
+        `worker_index` / `num_workers`, or the config's own `EnvContext`)."""
+        env_config = self.config.env_config
+        if isinstance(env_config, EnvContext):
+            return env_config
+        return EnvContext(env_config, worker_index=self.worker_index,
+                          num_workers=self.num_workers)
 
     # ------------------------------------------------------------------ compiled functions
     def _chunk_len(self) -> int:

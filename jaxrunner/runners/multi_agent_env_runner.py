@@ -23,7 +23,6 @@ from jaxrunner.core.mapping import (AgentMapping, MappingEpisode, default_policy
                                     mapping_episode, trace_mapping)
 from jaxrunner.core.multi_agent_rollout import (MultiAgentRolloutSpec, make_module_batch_fn,
                                                 make_multi_agent_rollout_fns)
-from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.multi_agent import ALL, make_multi_agent_env
 from jaxrunner.envs.spaces import action_dtype, batched_space, to_gymnasium
 from jaxrunner.episodes.multi_agent_episode import MultiAgentEpisodeBatch
@@ -80,11 +79,7 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         """Builds the env from `config.env` and checks that it follows the protocol and
         traces with JAX (fixed agents, dict keys, `agents_to_act`)."""
         cfg = self.config
-        if isinstance(cfg.env_config, EnvContext):
-            context = cfg.env_config
-        else:
-            context = EnvContext(cfg.env_config, worker_index=self.worker_index,
-                                 num_workers=self.num_workers)
+        context = self._env_context()
         env, env_params, name = make_multi_agent_env(cfg.env, context)
         agents = tuple(env.agents)
         if not agents or len(set(agents)) != len(agents) or not all(

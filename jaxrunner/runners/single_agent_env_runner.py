@@ -22,7 +22,6 @@ from jaxrunner.connectors.module_to_env import NormalizeAndClipActions
 from jaxrunner.core.autoreset import check_partial_autoreset_env
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.rollout import RolloutSpec, make_rollout_fns, sample_action_space
-from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.gymnasium_env import create_with_retries, resolve_env
 from jaxrunner.envs.spaces import action_dtype, batched_space, to_gymnasium
 from jaxrunner.episodes.batch import EpisodeBatch
@@ -63,11 +62,7 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
         `num_consecutive_sub_env_failures_tolerance` times with
         `restart_failed_sub_environments`; otherwise they raise `RuntimeError` naming it."""
         cfg = self.config
-        if isinstance(cfg.env_config, EnvContext):
-            context = cfg.env_config
-        else:
-            context = EnvContext(cfg.env_config, worker_index=self.worker_index,
-                                 num_workers=self.num_workers)
+        context = self._env_context()
         kind, resolved = create_with_retries(
             lambda: resolve_env(cfg.env, context, self.num_envs),
             restart=cfg.restart_failed_sub_environments,
