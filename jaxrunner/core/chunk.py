@@ -70,6 +70,14 @@ def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
     return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, buffers))
 
 
+def strong_types(tree: Any) -> Any:
+    """`tree` with weakly typed leaves made strong (same dtype). Envs' resets and steps
+    may return weakly typed leaves (a Python float in a gymnax state): a carry whose
+    leaves flip between weak and strong would be a new signature for `jit(chunk)` on the
+    next call, so the carry always holds strong types."""
+    return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.asarray(x).dtype), tree)
+
+
 def check_policy_mode(mode: str) -> None:
     """Raises ValueError unless `mode` is one of `POLICY_MODES`."""
     if mode not in POLICY_MODES:
@@ -115,7 +123,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
     env_step = make_env_step(step_fns, num_envs, spec.autoreset_mode, spec.partial_reset_ratio)
 
     def reset_all(key: jax.Array, env_params: Any):
-        return vmapped_reset(jax.random.split(key, num_envs), env_params)
+        return strong_types(vmapped_reset(jax.random.split(key, num_envs), env_params))
 
     def init_carry(key: jax.Array, params: Any, env_params: Any):
         key, reset_key, layout_key = jax.random.split(key, 3)
@@ -143,6 +151,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         env_actions, acted = layout.act(params, carry, act_key)
         next_obs, env_state, reward, terminated, truncated, info = env_step(
             step_key, carry.env_state, env_actions, env_params)
+        next_obs, env_state = strong_types((next_obs, env_state))
         final_obs = info.get("final_observation", next_obs)
         reward, terminated, truncated, all_terminated, all_truncated = layout.outcome(
             reward, terminated, truncated)
@@ -233,4 +242,4 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
 
 
 __all__ = ["ChunkFns", "POLICY_MODES", "StepOutcome", "check_policy_mode", "make_chunk_fns",
-           "scan_while"]
+           "scan_while", "strong_types"]
