@@ -148,7 +148,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
 
     def vector_step(carry: Any, params: Any, env_params: Any):
         key, act_key, step_key = jax.random.split(carry.key, 3)
-        env_actions, acted = layout.act(params, carry, act_key)
+        env_actions, acted = layout.act(params, carry, act_key, env_params)
         next_obs, env_state, reward, terminated, truncated, info = env_step(
             step_key, carry.env_state, env_actions, env_params)
         next_obs, env_state = strong_types((next_obs, env_state))

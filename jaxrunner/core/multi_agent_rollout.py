@@ -43,7 +43,8 @@ from jaxrunner.core.chunk import ChunkFns, check_policy_mode, make_chunk_fns
 from jaxrunner.core.lookback import gather_last, last_positions, zeros_like_steps
 from jaxrunner.core.mapping import AgentMapping
 from jaxrunner.core.ring import RingInput, stacked_registers, write_episodes
-from jaxrunner.core.rollout import _uniform_logp
+from jaxrunner.core.rollout import _uniform_logp, action_mask_fn, random_legal_actions
+from jaxrunner.modules.distributions import masked_logits
 from jaxrunner.envs.multi_agent import ALL
 
 
@@ -233,6 +234,11 @@ class MultiAgentLayout:
         self._vmapped_to_act = jax.vmap(spec.env.agents_to_act, in_axes=(0, None))
         self._vmapped_indices = jax.vmap(spec.mapping.indices, in_axes=(None, 0, 0))
         self.stateful = tuple(m for m in self.groups if spec.module[m].is_stateful())
+        self._action_mask = None
+        if callable(getattr(spec.env, "action_mask", None)):
+            for agent, space in spec.action_spaces.items():
+                action_mask_fn(spec.env, space)  # Discrete only: a clear error otherwise
+            self._action_mask = jax.vmap(spec.env.action_mask, in_axes=(0, None))
         for agent in self.agents:
             candidates = [m for m in spec.mapping.candidates[agent] if m in self.groups]
             states = {repr(jax.tree.structure(spec.module[m].get_initial_state()))
@@ -274,18 +280,24 @@ class MultiAgentLayout:
         return first.action_dist_cls.required_input_dim(spec.action_spaces[agent])
 
     def _policy(self, params: Any, obs: dict, module_index: jax.Array, module_state: dict,
-                acting: jax.Array, key: jax.Array) -> tuple[dict, dict, dict]:
+                acting: jax.Array, key: jax.Array, masks: dict | None = None
+                ) -> tuple[dict, dict, dict]:
         """Every agent's action and extras (`action_logp`, `action_dist_inputs`, and
         `state_out` for recurrent modules), and the recurrent modules' next state (only
-        the rows of agents in `acting` (B, A) advance)."""
+        the rows of agents in `acting` (B, A) advance). `masks` (`{agent: (B, n) bool}`,
+        from the env's `action_mask`) restrict every mode to legal actions."""
         spec, agents, num_envs = self.spec, self.agents, self.spec.num_envs
         if self.mode == "random":
             actions, extras = {}, {}
             for agent, agent_key in zip(agents, jax.random.split(key, self.num_agents)):
-                sample = jax.vmap(spec.gymnax_action_spaces[agent].sample)
-                actions[agent] = sample(jax.random.split(agent_key, num_envs))
+                if masks is not None:
+                    actions[agent], logp = random_legal_actions(agent_key, masks[agent])
+                else:
+                    sample = jax.vmap(spec.gymnax_action_spaces[agent].sample)
+                    actions[agent] = sample(jax.random.split(agent_key, num_envs))
+                    logp = _uniform_logp(spec.action_spaces[agent], num_envs)
                 extras[agent] = {
-                    "action_logp": _uniform_logp(spec.action_spaces[agent], num_envs),
+                    "action_logp": logp,
                     "action_dist_inputs": jnp.zeros((num_envs, self._dist_dim(agent)),
                                                     jnp.float32),
                 }
@@ -305,10 +317,17 @@ class MultiAgentLayout:
             forward = (rl_module.forward_exploration if self.mode == "explore"
                        else rl_module.forward_inference)
             batch = {"obs": x}
+            mask = None
+            if masks is not None:
+                mask = (masks[members[0]] if len(members) == 1
+                        else jnp.concatenate([masks[a] for a in members], axis=0))
+                batch["action_mask"] = mask
             if module_id in self.stateful:
                 batch["state_in"] = module_state[module_id]
             out = forward(params[module_id], batch)
             dist_inputs = out["action_dist_inputs"]
+            if mask is not None:
+                dist_inputs = masked_logits(dist_inputs, mask)
             if module_id in self.stateful:
                 advance = self._rows(module_id, acting)
                 new_state[module_id] = jax.tree.map(
@@ -351,8 +370,10 @@ class MultiAgentLayout:
         module_index = self._module_indices(mapping_key, jnp.zeros((num_envs,), jnp.int32))
         module_state = self._initial_module_state()
         acting = self._acting_mask(env_state, env_params)
+        masks = (None if self._action_mask is None
+                 else self._action_mask(env_state, env_params))
         actions, extras, _ = jax.eval_shape(self._policy, params, obs, module_index,
-                                            module_state, acting, act_key)
+                                            module_state, acting, act_key, masks)
         zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
         window = self.spec.metrics_window
         return dict(
@@ -385,9 +406,13 @@ class MultiAgentLayout:
             module_state=self._initial_module_state())
 
     # ------------------------------------------------------------------ one step
-    def act(self, params, carry: MultiAgentCarry, key):
+    def act(self, params, carry: MultiAgentCarry, key, env_params):
+        masks = None
+        if self._action_mask is not None:  # the env says which actions are legal
+            masks = self._action_mask(carry.env_state, env_params)
         actions, extras, module_state = self._policy(params, carry.obs, carry.module_index,
-                                                     carry.module_state, carry.acting, key)
+                                                     carry.module_state, carry.acting, key,
+                                                     masks)
         env_actions = {a: self.spec.actions_for_env[a](actions[a]) for a in self.agents}
         return env_actions, (actions, extras, module_state)
 

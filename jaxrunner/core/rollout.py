@@ -29,6 +29,7 @@ from jaxrunner.core.chunk import (POLICY_MODES, ChunkFns, check_policy_mode, mak
 from jaxrunner.core.faults import FAILURE_INFO_KEY, mark_step_failed
 from jaxrunner.core.lookback import roll_lookback, zeros_like_steps
 from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, rank_positions, write_ring
+from jaxrunner.modules.distributions import masked_logits, sample_legal
 
 RolloutFns = ChunkFns
 
@@ -90,12 +91,25 @@ def _uniform_logp(action_space: gym.spaces.Space, batch: int) -> jax.Array:
     return jnp.full((batch,), value, jnp.float32)
 
 
+def random_legal_actions(key: jax.Array, action_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`(actions (B,) int32, logp (B,) float32)`: uniform over each row's legal actions
+    (`action_mask` `(B, n)` bool; a row with no legal action allows all)."""
+    actions = sample_legal(key, action_mask)
+    legal = jnp.sum(jnp.asarray(action_mask, jnp.int32), axis=-1)
+    legal = jnp.where(legal > 0, legal, action_mask.shape[-1])
+    return actions, -jnp.log(legal.astype(jnp.float32))
+
+
 def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
     """The policy half of one vector step, as a pure (jittable) function.
 
-    Returns `act(params, carry, key) -> (actions, env_actions, extras, connector_state,
-    module_state)`: env-to-module connectors, module forward, action distribution and
-    module-to-env connectors for `spec.num_envs` sub-envs. `carry` is anything with the
+    Returns `act(params, carry, key, action_mask=None) -> (actions, env_actions, extras,
+    connector_state, module_state)`: env-to-module connectors, module forward, action
+    distribution and module-to-env connectors for `spec.num_envs` sub-envs. With an
+    `action_mask` (`(B, n)` bool, Discrete actions: True for legal actions) only legal
+    actions are taken in every mode: the module's logits are masked (the recorded
+    `action_dist_inputs` and `action_logp` are the masked distribution's; the module also
+    gets `batch["action_mask"]`) and random actions are uniform over the legal ones. `carry` is anything with the
     `RolloutCarry` fields `obs`, `is_first`, `prev_action`, `prev_reward`,
     `connector_state` and `module_state`: the compiled rollout passes its carry, the
     host-env runner the same fields for a gymnasium vector env. `spec.env` is not used.
@@ -110,13 +124,18 @@ def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
     def initial_module_state():
         return jax.tree.map(batch_leaf, module.get_initial_state())
 
-    def act(params: Any, carry: RolloutCarry, key: jax.Array):
+    def act(params: Any, carry: RolloutCarry, key: jax.Array,
+            action_mask: jax.Array | None = None):
         """Env-to-module connectors, module, action distribution, module-to-env connectors."""
         ctx = ConnectorContext(is_first=carry.is_first, prev_action=carry.prev_action,
                                prev_reward=carry.prev_reward)
         e2m_state, m2e_state = carry.connector_state
         module_state = carry.module_state
-        if mode == "random":
+        if mode == "random" and action_mask is not None:
+            actions, logp = random_legal_actions(key, action_mask)
+            extras = {"action_logp": logp,
+                      "action_dist_inputs": jnp.zeros((num_envs, dist_dim), jnp.float32)}
+        elif mode == "random":
             actions = sample_action_space(spec.action_space, key, num_envs)
             extras = {
                 "action_logp": _uniform_logp(spec.action_space, num_envs),
@@ -125,6 +144,8 @@ def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
         else:
             e2m_state, module_obs = spec.env_to_module(e2m_state, carry.obs, ctx)
             batch = {"obs": module_obs}
+            if action_mask is not None:
+                batch["action_mask"] = action_mask
             if stateful:
                 start = carry.is_first
                 batch["state_in"] = jax.tree.map(
@@ -135,6 +156,8 @@ def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
                        else module.forward_inference)
             out = forward(params, batch)
             dist_inputs = out["action_dist_inputs"]
+            if action_mask is not None:
+                dist_inputs = masked_logits(dist_inputs, action_mask)
             dist = module.action_dist(dist_inputs)
             actions = dist.sample(key) if mode == "explore" else dist.deterministic_sample()
             extras = {"action_logp": dist.logp(actions).astype(jnp.float32),
@@ -147,6 +170,18 @@ def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
         return actions, env_actions, extras, (e2m_state, m2e_state), module_state
 
     return act
+
+
+def action_mask_fn(env: Any, action_space: Any) -> Callable | None:
+    """`(states (B, ...), env_params) -> (B, n) bool` legal actions of an env that has
+    `action_mask(state, params) -> bool[n]` (e.g. pgx and Jumanji adapters), else None."""
+    if not callable(getattr(env, "action_mask", None)):
+        return None
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(
+            f"The env {type(env).__name__} has action_mask(), but its action space is "
+            f"{action_space}: action masks are supported for Discrete action spaces only.")
+    return jax.vmap(env.action_mask, in_axes=(0, None))
 
 
 class SingleAgentLayout:
@@ -162,6 +197,7 @@ class SingleAgentLayout:
         self.spec = spec
         self.step_fns = gymnax_step_fns(spec.env)
         self._act = make_act_fn(spec, mode)
+        self._action_mask = action_mask_fn(spec.env, spec.action_space)
         num_envs = spec.num_envs
         self._initial_module_state = lambda: jax.tree.map(
             lambda x: jnp.broadcast_to(jnp.asarray(x), (num_envs,) + jnp.shape(x)),
@@ -186,9 +222,12 @@ class SingleAgentLayout:
                     prev_reward=jnp.zeros_like(carry.prev_reward),
                     module_state=self._initial_module_state())
 
-    def act(self, params, carry: RolloutCarry, key):
+    def act(self, params, carry: RolloutCarry, key, env_params):
+        mask = None
+        if self._action_mask is not None:  # the env says which actions are legal
+            mask = self._action_mask(carry.env_state, env_params)
         actions, env_actions, extras, connector_state, module_state = self._act(
-            params, carry, key)
+            params, carry, key, mask)
         return env_actions, (actions, extras, connector_state, module_state)
 
     def outcome(self, reward, terminated, truncated):
@@ -265,7 +304,8 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> ChunkFns:
 
 
 __all__ = ["AUTORESET_MODES", "ChunkInfo", "FAILURE_INFO_KEY", "NO_EPISODE_LIMIT",
-           "POLICY_MODES", "RolloutFns", "RolloutSpec", "SingleAgentLayout",
+           "POLICY_MODES", "RolloutFns", "RolloutSpec", "SingleAgentLayout", "action_mask_fn",
+           "random_legal_actions",
            "check_partial_autoreset_env", "make_act_fn", "make_rollout_fns",
            "mark_step_failed", "rank_positions", "sample_action_space", "scan_while",
            "write_ring"]
