@@ -380,7 +380,13 @@ def test_runner_class_for_and_non_multi_agent_config():
 
     assert jaxrunner.runner_class_for(ttt_config(env_runner_cls=Custom)) is Custom
     with pytest.raises(ValueError, match=r"config.multi_agent\(policies="):
-        MultiAgentEnvRunner(config=RunnerConfig().environment("TicTacToe-v0"))
+        MultiAgentEnvRunner(config=RunnerConfig().environment("CartPole-v1"))
+    # A multi-agent env without .multi_agent(): every agent maps to "default_policy".
+    runner = MultiAgentEnvRunner(config=RunnerConfig().environment("TicTacToe-v0").env_runners(
+        num_envs_per_env_runner=2, rollout_fragment_length=4))
+    batch = runner.sample()
+    assert runner.module.module_ids == ("default_policy",)
+    assert {e.module_for(a) for e in batch for a in e.agent_episodes} == {"default_policy"}
 
 
 def test_unknown_module_ids_and_untraceable_mappings_fail_before_compiling():

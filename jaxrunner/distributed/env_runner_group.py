@@ -91,9 +91,7 @@ def init_ray(**kwargs: Any) -> None:
 def _registered_creator(name: str) -> Callable:
     """The creator the driver registered as `name` (runner processes register it too, so
     names given to `jaxrunner.register_env` in the driver resolve there)."""
-    # registry.py has no public look-up of a creator yet: this is the one read of its
-    # table from distributed/ (to become `registry.registered_env_creator(name)`).
-    return registry._REGISTRY[name]
+    return registry.registered_env_creator(name)
 
 
 def _check_timeout(name: str, value: Any) -> float | None:

@@ -197,8 +197,8 @@ def resolve_env(env_spec: Any, context: EnvContext, num_envs: int
         return "host", _instance_source(env_spec, num_envs)
     registry.reject_env_class(env_spec)
     creator, name = None, None
-    if isinstance(env_spec, str) and env_spec in registry._REGISTRY:
-        creator, name = registry._REGISTRY[env_spec], env_spec
+    if isinstance(env_spec, str) and registry.registered_env_creator(env_spec) is not None:
+        creator, name = registry.registered_env_creator(env_spec), env_spec
     elif callable(env_spec) and (isinstance(env_spec, type) or not (
             hasattr(env_spec, "step") and hasattr(env_spec, "reset"))):
         creator = env_spec

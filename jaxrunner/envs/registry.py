@@ -72,6 +72,18 @@ def registered_env_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def registered_env_creator(name: str) -> Callable[[EnvContext], Any] | None:
+    """The creator `register_env(name, creator)` registered, or None for another name."""
+    return _REGISTRY.get(name)
+
+
+def unregister_env(name: str) -> None:
+    """Removes a `register_env` name (a KeyError naming the registered ones if unknown)."""
+    if name not in _REGISTRY:
+        raise KeyError(f"{name!r} is not a registered env; registered: {sorted(_REGISTRY)}.")
+    del _REGISTRY[name]
+
+
 def gymnax_env_ids(runnable_only: bool = True) -> list[str]:
     """Every gymnax id; with `runnable_only`, those that need no download."""
     import gymnax
@@ -356,7 +368,7 @@ def _warn_if_done_includes_time_limit(env: Any, env_params: Any, name: str) -> N
 
     try:
         done, time_after = jax.device_get(jax.jit(jax.vmap(probe, in_axes=(None, None, 0)))(
-            jax.random.key(0), env_params, jnp.asarray([limit - 2, limit - 1], jnp.int32)))
+            jax.random.key(0), env_params, np.asarray([limit - 2, limit - 1], np.int32)))
         before, at_limit = bool(done[0]), bool(done[1])
         time_after = int(time_after[1])
     except Exception:  # noqa: BLE001 - a probe that cannot run proves nothing

@@ -36,6 +36,14 @@ from jaxrunner.structure import check_same_structure
 COUNT_STEPS_BY = ("env_steps", "agent_steps")
 
 
+def _is_multi_agent_env(config: RunnerConfig) -> bool:
+    """The env is multi-agent (a config without `.multi_agent()` then maps every agent to
+    its single module, `"default_policy"`)."""
+    from jaxrunner.runners.selection import MULTI_AGENT, env_kind
+
+    return config.env is not None and env_kind(config) == MULTI_AGENT
+
+
 class MultiAgentEnvRunner(CompiledEnvRunner):
     """Samples `num_envs_per_env_runner` sub-envs of a JAX multi-agent env with a
     `MultiRLModule`, all inside one compiled `lax.scan`.
@@ -53,7 +61,8 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
 
     def __init__(self, *, config: RunnerConfig, worker_index: int | None = None,
                  num_workers: int | None = None, spaces: dict | None = None, **kwargs: Any):
-        if isinstance(config, RunnerConfig) and not config.is_multi_agent:
+        if isinstance(config, RunnerConfig) and not config.is_multi_agent and not (
+                _is_multi_agent_env(config)):
             raise ValueError(
                 "MultiAgentEnvRunner needs a multi-agent config, but config.is_multi_agent is "
                 f"False (policies={sorted(config.policies)}). Configure the modules with "

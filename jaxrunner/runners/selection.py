@@ -55,9 +55,9 @@ def env_kind(config: RunnerConfig) -> str:
         if spec.startswith(multi_agent.JAXMARL_PREFIX):
             return MULTI_AGENT
         if spec in multi_agent.BUILTIN_MULTI_AGENT_ENVS and (
-                registry._REGISTRY.get(spec) is multi_agent.BUILTIN_MULTI_AGENT_ENVS[spec]):
+                registry.registered_env_creator(spec) is multi_agent.BUILTIN_MULTI_AGENT_ENVS[spec]):
             return MULTI_AGENT
-        creator = registry._REGISTRY.get(spec)
+        creator = registry.registered_env_creator(spec)
         if creator is None:
             return SINGLE_AGENT  # a gymnax id, "gymnasium:<id>" or an unknown name
     elif hasattr(spec, "step") and hasattr(spec, "reset") and not isinstance(spec, type):
