@@ -207,3 +207,32 @@ def test_set_state__multi_agent_nan_weights_are_refused():
     after = runner.get_state(components="rl_module")["rl_module"]
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state["rl_module"], after)))
     runner.sample()
+
+
+def test_get_state_all__one_call_copies_the_runner_exactly():
+    """`components="all"` holds weights, connector states and the carry: a fresh runner
+    given it samples exactly what the original samples next (the carry alone would not:
+    the fresh runner's weights and filter statistics differ)."""
+    from jaxrunner.connectors.env_to_module import MeanStdFilter
+
+    def build(seed):
+        config = (make_config(num_envs=NUM_ENVS, fragment=4, hiddens=HIDDENS)
+                  .env_runners(env_to_module_connector=lambda env: [MeanStdFilter()])
+                  .debugging(seed=seed))
+        return jaxrunner.SingleAgentEnvRunner(config=config)
+
+    original, copy = build(0), build(1)
+    for _ in range(3):
+        original.sample()
+    state = original.get_state(components="all")
+    assert set(state) >= {"rl_module", "env_to_module_connector", "module_to_env_connector",
+                          "env_runner_carry"}
+    carry_only = build(1)
+    carry_only.set_state({"env_runner_carry": state["env_runner_carry"]})
+    copy.set_state(state)
+    expected = jax.device_get(original.sample().trajectory())
+    got = jax.device_get(copy.sample().trajectory())
+    jax.tree.map(np.testing.assert_array_equal, expected, got)
+    partial = jax.device_get(carry_only.sample().trajectory())
+    assert not np.array_equal(partial.extra_model_outputs["action_dist_inputs"],
+                              expected.extra_model_outputs["action_dist_inputs"])

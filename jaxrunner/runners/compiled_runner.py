@@ -195,6 +195,13 @@ class CompiledEnvRunner(EnvRunner):
     def _carry_capturable(self) -> None:
         """Raises if the carry cannot be captured by get_state (host envs)."""
 
+    def _carry_is_capturable(self) -> bool:
+        try:
+            self._carry_capturable()
+        except ValueError:
+            return False
+        return self.env is not None
+
     def _env_context(self) -> EnvContext:
         """The `EnvContext` the env creator gets (`config.env_config` with this runner's
         `worker_index` / `num_workers`, or the config's own `EnvContext`)."""
@@ -475,7 +482,14 @@ class CompiledEnvRunner(EnvRunner):
         "env_to_module_connector", "module_to_env_connector" (connector states), and
         "env_runner_carry" (RNG keys, env states, episode counters, metric registers) only
         when asked for by name. `num_env_steps_sampled_lifetime` is always included.
+        `components="all"` takes every component the runner has (all four; a host-env
+        runner has no carry): `set_state()` of it on a runner built from the same config
+        reproduces the next sample bit for bit. The carry alone holds neither the weights
+        nor the connector states.
         """
+        if components == "all":  # everything, for an exact copy of the runner
+            components = [c for c in ALL_COMPONENTS
+                          if c != COMPONENT_CARRY or self._carry_is_capturable()]
         wanted = _as_set(components)
         unwanted = _as_set(not_components) or set()
         for given in (wanted or set()) | unwanted:
