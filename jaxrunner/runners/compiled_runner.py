@@ -23,6 +23,7 @@ import os
 import time
 from typing import Any
 
+import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,6 +102,40 @@ def check_sample_args(num_timesteps: Any = None, num_episodes: Any = None, explo
             raise SampleArgumentError(f"{name} must be True or False, got {value!r}.")
     if explore is not None and not isinstance(explore, bool):
         raise SampleArgumentError(f"explore must be True, False or None, got {explore!r}.")
+
+
+def check_module_fits(module: Any, params: Any, obs_space: Any, act_space: Any,
+                      batch_size: int, label: str) -> None:
+    """Raises ValueError unless `module` (called `label` in the message) maps a batch of
+    `batch_size` observations of `obs_space` (and its initial recurrent state) to
+    `action_dist_inputs` of shape `(batch_size, D)` with the `D` its distribution needs for
+    `act_space`. Traced with `eval_shape`: nothing runs or compiles."""
+    needed = module.action_dist_cls.required_input_dim(act_space)
+    obs = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct((batch_size,) + tuple(s.shape), np.dtype(s.dtype)),
+        obs_space, is_leaf=lambda s: isinstance(s, gym.spaces.Space)
+        and not isinstance(s, (gym.spaces.Dict, gym.spaces.Tuple)))
+    batch = {"obs": obs}
+    if module.is_stateful():
+        batch["state_in"] = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((batch_size,) + jnp.shape(x), jnp.asarray(x).dtype),
+            module.get_initial_state())
+    shape = getattr(obs, "shape", None) or [o.shape for o in jax.tree.leaves(obs)]
+    try:
+        out = jax.eval_shape(module.forward_exploration, params, batch)
+    except Exception as error:  # noqa: BLE001 - re-raised with context
+        raise ValueError(
+            f"{label} ({type(module).__name__}) fails on a batch of observations of shape "
+            f"{shape} ({type(error).__name__}: {error})."
+        ) from error
+    got = getattr(out.get("action_dist_inputs"), "shape", None)
+    if got != (batch_size, needed):
+        raise ValueError(
+            f"{label} ({type(module).__name__}) outputs action_dist_inputs of shape {got}, "
+            f"but the action space {act_space} needs ({batch_size}, {needed}) for a batch of "
+            f"{batch_size} observations ({module.action_dist_cls.__name__} takes {needed} "
+            f"inputs per action). Make the module's last layer output {needed} values."
+        )
 
 
 class CompiledEnvRunner(EnvRunner):
@@ -642,4 +677,5 @@ class CompiledEnvRunner(EnvRunner):
 
 __all__ = ["ALL_COMPONENTS", "COMPONENT_CARRY", "COMPONENT_ENV_TO_MODULE_CONNECTOR",
            "COMPONENT_MODULE_TO_ENV_CONNECTOR", "COMPONENT_RL_MODULE", "CompiledEnvRunner",
-           "DEFAULT_COMPONENTS", "STATE_KEYS", "check_sample_args", "keys_to_data"]
+           "DEFAULT_COMPONENTS", "STATE_KEYS", "check_module_fits", "check_sample_args",
+           "keys_to_data"]

@@ -30,7 +30,7 @@ from jaxrunner.errors import StateStructureError
 from jaxrunner.metrics.multi_agent import MultiAgentRunnerMetrics
 from jaxrunner.modules.multi_rl_module import MultiRLModule
 from jaxrunner.modules.rl_module import RLModuleSpec, init_params
-from jaxrunner.runners.compiled_runner import STATE_HINT, CompiledEnvRunner
+from jaxrunner.runners.compiled_runner import STATE_HINT, CompiledEnvRunner, check_module_fits
 from jaxrunner.structure import check_same_structure
 
 COUNT_STEPS_BY = ("env_steps", "agent_steps")
@@ -240,33 +240,10 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             members = [a for a in self._agent_ids if module_id in mapping.candidates[a]]
             if not members:
                 continue
-            rl_module = module[module_id]
-            act_space = self.action_spaces[members[0]]
-            needed = rl_module.action_dist_cls.required_input_dim(act_space)
-            batch = self.num_envs * len(members)
-            obs_space = self.observation_spaces[members[0]]
-            obs = jax.ShapeDtypeStruct((batch,) + tuple(obs_space.shape),
-                                       np.dtype(obs_space.dtype))
-            inputs = {"obs": obs}
-            if rl_module.is_stateful():
-                inputs["state_in"] = jax.tree.map(
-                    lambda x, n=batch: jax.ShapeDtypeStruct((n,) + jnp.shape(x),
-                                                            jnp.asarray(x).dtype),
-                    rl_module.get_initial_state())
-            try:
-                out = jax.eval_shape(rl_module.forward_exploration, params[module_id], inputs)
-            except Exception as error:  # noqa: BLE001 - re-raised with context
-                raise ValueError(
-                    f"Module {module_id!r} ({type(rl_module).__name__}) fails on a batch of "
-                    f"observations of shape {obs.shape} ({type(error).__name__}: {error})."
-                ) from error
-            got = getattr(out.get("action_dist_inputs"), "shape", None)
-            if got != (batch, needed):
-                raise ValueError(
-                    f"Module {module_id!r} outputs action_dist_inputs of shape {got}, but "
-                    f"the action space {act_space} needs ({batch}, {needed}). Make the "
-                    f"module's last layer output {needed} values."
-                )
+            check_module_fits(module[module_id], params[module_id],
+                              self.observation_spaces[members[0]],
+                              self.action_spaces[members[0]], self.num_envs * len(members),
+                              f"Module {module_id!r}")
 
     def _spec(self) -> MultiAgentRolloutSpec:
         cfg = self.config

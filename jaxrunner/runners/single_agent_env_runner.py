@@ -31,7 +31,8 @@ from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModuleSpec, init_pa
 from jaxrunner.runners.compiled_runner import (COMPONENT_CARRY,
                                                COMPONENT_ENV_TO_MODULE_CONNECTOR,
                                                COMPONENT_MODULE_TO_ENV_CONNECTOR,
-                                               STATE_HINT, CompiledEnvRunner)
+                                               STATE_HINT, CompiledEnvRunner,
+                                               check_module_fits)
 from jaxrunner.structure import check_same_structure
 
 logger = logging.getLogger(__name__)
@@ -213,34 +214,7 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
         self._needs_reset = True
 
     def _check_module_fits(self, module, params, obs_space, act_space) -> None:
-        dist_cls = module.action_dist_cls
-        needed = module.action_dist_input_dim
-        obs = jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct((self.num_envs,) + tuple(s.shape), np.dtype(s.dtype)),
-            obs_space, is_leaf=lambda s: isinstance(s, gym.spaces.Space)
-            and not isinstance(s, (gym.spaces.Dict, gym.spaces.Tuple)))
-        batch = {"obs": obs}
-        if module.is_stateful():
-            batch["state_in"] = jax.tree.map(
-                lambda x: jax.ShapeDtypeStruct((self.num_envs,) + jnp.shape(x),
-                                               jnp.asarray(x).dtype),
-                module.get_initial_state())
-        try:
-            out = jax.eval_shape(module.forward_exploration, params, batch)
-        except Exception as error:  # noqa: BLE001 - re-raised with context
-            raise ValueError(
-                f"The module {type(module).__name__} fails on a batch of observations of "
-                f"shape {obs.shape} ({type(error).__name__}: {error})."
-            ) from error
-        got = getattr(out.get("action_dist_inputs"), "shape", None)
-        if got != (self.num_envs, needed):
-            raise ValueError(
-                f"The module {type(module).__name__} outputs action_dist_inputs of shape "
-                f"{got}, but the action space {act_space} needs ({self.num_envs}, {needed}) "
-                f"for a batch of {self.num_envs} observations ({dist_cls.__name__} takes "
-                f"{needed} inputs per action). Make the module's last layer output {needed} "
-                "values."
-            )
+        check_module_fits(module, params, obs_space, act_space, self.num_envs, "The module")
 
     def _rollout_fns(self, mode: str):
         spec = RolloutSpec(
