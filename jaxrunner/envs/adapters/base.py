@@ -119,3 +119,14 @@ def replace_fields(params: Any, overrides: dict, what: str) -> Any:
             f"{fields}. Pass only those keys in config.environment(env_config=...)."
         )
     return params.replace(**overrides)
+
+
+def construct(factory: Any, what: str, env_id: str, env_config: dict) -> Any:
+    """`factory(env_id, **env_config)` (a suite's own constructor, called `what` in the
+    message); a keyword it does not take is a ValueError naming the env and the config."""
+    try:
+        return factory(env_id, **env_config)
+    except TypeError as error:
+        raise ValueError(f"{what}({env_id!r}) rejected env_config {env_config!r}: {error}. "
+                         "Pass only keyword arguments its constructor takes.") from error
+

@@ -25,8 +25,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrunner.envs.adapters.base import (SuiteAdapter, SuiteState, first_state, next_state,
-                                          split_done)
+from jaxrunner.envs.adapters.base import (SuiteAdapter, SuiteState, construct, first_state,
+                                          next_state, split_done)
 from jaxrunner.envs.spaces import to_gymnax
 
 _LAST = 2  # jumanji.types.StepType.LAST
@@ -114,12 +114,7 @@ def make(env_id: str, env_config: dict) -> tuple[JumanjiEnv, Any]:
     """`"jumanji/<env_id>"`: `JumanjiEnv(jumanji.make(env_id, **env_config))`."""
     import jumanji
 
-    try:
-        inner = jumanji.make(env_id, **env_config)
-    except TypeError as error:
-        raise ValueError(f"jumanji.make({env_id!r}) rejected env_config {env_config!r}: "
-                         f"{error}. Pass only keyword arguments its constructor takes."
-                         ) from error
+    inner = construct(jumanji.make, "jumanji.make", env_id, env_config)
     env = JumanjiEnv(inner, env_id)
     return env, env.default_params
 

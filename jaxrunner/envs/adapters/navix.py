@@ -22,8 +22,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrunner.envs.adapters.base import (SuiteAdapter, SuiteState, first_state, next_state,
-                                          split_done)
+from jaxrunner.envs.adapters.base import (SuiteAdapter, SuiteState, construct, first_state,
+                                          next_state, split_done)
 from jaxrunner.envs.spaces import to_gymnax
 
 
@@ -67,12 +67,7 @@ def make(env_id: str, env_config: dict) -> tuple[NavixEnv, Any]:
     """`"navix/<env_id>"`: `NavixEnv(navix.make(env_id, **env_config))`."""
     import navix
 
-    try:
-        inner = navix.make(env_id, **env_config)
-    except TypeError as error:
-        raise ValueError(f"navix.make({env_id!r}) rejected env_config {env_config!r}: "
-                         f"{error}. Pass only keyword arguments its constructor takes."
-                         ) from error
+    inner = construct(navix.make, "navix.make", env_id, env_config)
     env = NavixEnv(inner, env_id)
     return env, env.default_params
 

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from gymnax.environments import spaces as gx
 
-from jaxrunner.envs.adapters.base import (NoParams, SuiteAdapter, SuiteState, first_state,
-                                          next_state, split_done)
+from jaxrunner.envs.adapters.base import (NoParams, SuiteAdapter, SuiteState, construct,
+                                          first_state, next_state, split_done)
 from jaxrunner.envs.multi_agent import ALL, MultiAgentEnv
 
 
@@ -180,12 +180,7 @@ def make(env_id: str, env_config: dict) -> tuple[Any, Any]:
     """`"pgx/<env_id>"`: the adapted `pgx.make(env_id, **env_config)`."""
     import pgx
 
-    try:
-        inner = pgx.make(env_id, **env_config)
-    except TypeError as error:
-        raise ValueError(f"pgx.make({env_id!r}) rejected env_config {env_config!r}: "
-                         f"{error}. Pass only keyword arguments its constructor takes."
-                         ) from error
+    inner = construct(pgx.make, "pgx.make", env_id, env_config)
     env = adapt(inner, env_id)
     return env, env.default_params
 
