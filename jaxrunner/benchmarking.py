@@ -38,12 +38,13 @@ class _PolicyNet(nn.Module):
         return nn.Dense(self.out_dim)(x)
 
 
-def make_bare_scan(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
+def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
                    random_actions: bool, seed: int = 0) -> Callable[[], None]:
-    """A hand-written PureJaxRL-style rollout; returns `run()` that does one rollout."""
+    """A hand-written PureJaxRL-style rollout of a gymnax id or an `(env, params)` pair
+    (e.g. an adapted env suite's); returns `run()` that does one rollout."""
     import gymnax
 
-    env, params = gymnax.make(env_id)
+    env, params = gymnax.make(env_id) if isinstance(env_id, str) else env_id
     action_space = env.action_space(params)
     discrete = hasattr(action_space, "n")
     out_dim = action_space.n if discrete else 2 * action_space.shape[0]

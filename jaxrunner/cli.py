@@ -319,6 +319,10 @@ def env_rows() -> list[dict[str, str]]:
                             for a in env.agents)
             act = "; ".join(f"{a}: {_space_text(env.action_space(a, params))}"
                             for a in env.agents)
+        elif not callable(env.observation_space):  # a gymnasium env (stepped on the host)
+            obs, act = _space_text(env.observation_space), _space_text(env.action_space)
+            if hasattr(env, "close"):
+                env.close()
         else:
             obs = _space_text(env.observation_space(params))
             act = _space_text(env.action_space(params))

@@ -152,3 +152,22 @@ def test_cli__bench_summary_reports_median_rounds_beside_the_median_ratio():
     assert "jaxrunner 2,000,000" in median_part and "bare_scan 2,500,000" in median_part
     assert "3,000,000" not in median_part
     assert "jaxrunner 3,000,000" in best_part and "bare_scan 2,800,000" in best_part
+
+
+def test_cli__envs_lists_a_registered_gymnasium_env(capsys):
+    """A name registered for a gymnasium (host) env is listed with its spaces, not a crash
+    on its attribute spaces."""
+    import gymnasium as gym
+
+    import jaxrunner
+    from jaxrunner.envs.registry import unregister_env
+
+    jaxrunner.register_env("cli-host-cartpole", lambda ctx: gym.make("CartPole-v1"))
+    try:
+        code, out, _ = _run(["envs", "--json"], capsys)
+    finally:
+        unregister_env("cli-host-cartpole")
+    assert code == 0
+    rows = {row["id"]: row for row in json.loads(out)}
+    assert rows["cli-host-cartpole"]["source"] == "register_env"
+    assert rows["cli-host-cartpole"]["action_space"] == "Discrete(2)"
