@@ -177,6 +177,18 @@ def _coerce_model_config(where, model_config):
     return model_config
 
 
+def _coerce_vectorize_mode(name, value):
+    import gymnasium as gym
+
+    if isinstance(value, gym.VectorizeMode):
+        return value.value
+    values = [mode.value for mode in gym.VectorizeMode]
+    if not isinstance(value, str) or value not in values:
+        raise ValueError(f"{name} must be one of {values} or a gymnasium.VectorizeMode, "
+                         f"{_got(value)}." + _hint(value, values))
+    return value
+
+
 _INT0, _INT1, _NUM, _BOOL = _scalar("int", 0), _scalar("int", 1), _scalar("float"), _Check(
     "bool", _coerce_bool)
 _CALLABLE = _optional("Callable | None", "a callable", callable)
@@ -219,6 +231,15 @@ _BUILDERS: dict[str, tuple[str, tuple]] = {
         ("create_env_on_local_worker", False, _BOOL,
          "the local runner gets an env even with remote runners."),
         ("num_envs_per_env_runner", 1, _INT1, "vectorized sub-environments per runner."),
+        ("gym_env_vectorize_mode", "sync", _Check("str | gymnasium.VectorizeMode",
+                                                  _coerce_vectorize_mode),
+         "how host (gymnasium) sub-envs are vectorized: 'sync' (`SyncVectorEnv`, in the "
+         "runner's process), 'async' (`AsyncVectorEnv`, one spawned sub-process each) or "
+         "'vector_entry_point' (the env's own vector env); a `gymnasium.VectorizeMode` is "
+         "stored as its value. No effect on compiled envs (the vmap vectorizes them)."),
+        ("remote_worker_envs", False, _BOOL,
+         "step host sub-envs in sub-processes (as 'async') and set `env_context.remote`; "
+         "compiled envs only see `env_context.remote`."),
         ("num_cpus_per_env_runner", 1, _NUM, "CPUs each remote runner reserves."),
         ("num_gpus_per_env_runner", 0, _NUM, "GPUs each remote runner reserves (fractional)."),
         ("sample_timeout_s", 60.0, _scalar("float", none_ok=True),

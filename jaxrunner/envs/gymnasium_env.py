@@ -1,15 +1,36 @@
 """Env resolution for both kinds of env a runner can step: compiled (gymnax-style, JAX)
-and host (any gymnasium env, stepped in Python as a `gymnasium.vector` env).
+and host (any gymnasium env, stepped in Python as a `gymnasium.vector` env, or an EnvPool
+pool).
 
-`config.env` resolves to a host env when it is
+`config.env` resolves in this order (docs/envs.md "Resolution"):
 
-* a string `"gymnasium:<id>"` (`env_config` is passed to `gymnasium.make` as kwargs);
-* a `gymnasium.Env` or `gymnasium.vector.VectorEnv` instance;
-* a `register_env` name or a callable whose `creator(env_context)` returns a
-  `gymnasium.Env` (called once per sub-env, `env_context.vector_index` = sub-env index)
-  or a `gymnasium.vector.VectorEnv` (called once; its `num_envs` must match the config).
+1. a `jaxrunner.register_env` name, then a Ray Tune `register_env` name (looked up only
+   when Ray is already imported; `jaxrunner.envs.registry.find_env_creator`): the creator
+   is called with the `EnvContext` (for a Tune name, as RLlib passes it);
+2. a callable creator, or a gymnasium `Env` / `VectorEnv` *class* (called like a creator,
+   see `_class_creator`);
+3. a gymnax `Environment` instance, a suite id (`"brax/ant"`, ...) or a gymnax id such as
+   "CartPole-v1" (compiled; a gymnax id wins over a gymnasium id of the same name);
+4. `"gymnasium:<id>"` (`env_config` is passed to `gymnasium.make` as kwargs), a
+   `gymnasium.Env` or `gymnasium.vector.VectorEnv` instance (host);
+5. `"envpool:<id>"`: EnvPool's C++ thread pool (`jaxrunner.envs.envpool_env`).
 
-Everything else resolves as before (`jaxrunner.envs.registry.make_jax_env`).
+A creator may return a compiled env, a `gymnasium.Env` (called once per sub-env,
+`env_context.vector_index` = sub-env index) or a `gymnasium.vector.VectorEnv` (called
+once; its `num_envs` must match the config).
+
+How host sub-envs are vectorized is RLlib's `env_runners(gym_env_vectorize_mode=...)`:
+"sync" (default; `gymnasium.vector.SyncVectorEnv`, in the runner's process), "async"
+(`gymnasium.vector.AsyncVectorEnv`: one sub-process per sub-env, started with "spawn"
+because the runner's process runs JAX threads, which `fork` would not copy safely) or
+"vector_entry_point" (the env's own vector env: a creator or class is called once with
+`num_envs` in its `env_config`, a gymnasium id uses its registered `vector_entry_point`).
+`env_runners(remote_worker_envs=True)` steps the sub-envs in sub-processes too ("async"
+unless "vector_entry_point" is set) and sets `env_context.remote`. A gymnasium id
+registered with a `vector_entry_point` and no `entry_point` is used as its vector env in
+any mode. For compiled envs none of these settings changes anything (the `vmap` is the
+vectorization), except that "async" / "vector_entry_point" set for a gymnax id that is
+also a gymnasium id is an error saying that the gymnax env took precedence.
 
 Exceptions raised while *creating* an env (inside a creator, `gymnasium.make`, a sub-env
 constructor) are wrapped in `EnvCreationError` so the runner can retry them
@@ -23,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import logging
 from typing import Any, Callable
 
@@ -35,6 +57,10 @@ from jaxrunner.envs.kind import SINGLE_AGENT, check_env_kind
 logger = logging.getLogger(__name__)
 
 GYMNASIUM_PREFIX = "gymnasium:"
+ENVPOOL_PREFIX = "envpool:"
+#: RLlib's `gym_env_vectorize_mode` values (`gymnasium.VectorizeMode`).
+VECTORIZE_MODES = tuple(mode.value for mode in gym.VectorizeMode)
+SYNC, ASYNC, VECTOR_ENTRY_POINT = "sync", "async", "vector_entry_point"
 RESTART_HINT = "config.fault_tolerance(restart_failed_sub_environments=True)"
 
 
@@ -69,10 +95,52 @@ class HostEnvSource:
     owned: bool = True
 
 
-def _same_step(env_fns: list) -> gym.vector.VectorEnv:
-    """A `SyncVectorEnv` that resets a finished sub-env in the same step (its final
+def vectorize_mode_of(mode: Any, remote_worker_envs: bool = False) -> str:
+    """The effective vectorize mode: `mode` as a `VECTORIZE_MODES` string (a
+    `gymnasium.VectorizeMode` is accepted), "async" for `remote_worker_envs` unless the
+    env's own vector entry point is asked for. A `ValueError` lists the valid values."""
+    try:
+        value = gym.VectorizeMode(mode).value
+    except ValueError:
+        raise ValueError(
+            f"gym_env_vectorize_mode={mode!r} is not a gymnasium.VectorizeMode; use one of "
+            f"{list(VECTORIZE_MODES)} (or gymnasium.VectorizeMode.SYNC / ASYNC / "
+            "VECTOR_ENTRY_POINT).") from None
+    if remote_worker_envs and value == SYNC:
+        return ASYNC
+    return value
+
+
+def _same_step(env_fns: list, mode: str = SYNC) -> gym.vector.VectorEnv:
+    """A `SyncVectorEnv` (or, for "async", an `AsyncVectorEnv` with one spawned
+    sub-process per sub-env) that resets a finished sub-env in the same step (its final
     observation in `infos["final_obs"]`)."""
+    if mode == ASYNC:
+        return gym.vector.AsyncVectorEnv(env_fns, context="spawn",
+                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def _close_quietly(env: Any) -> None:
+    try:
+        env.close()
+    except Exception as error:  # noqa: BLE001 - only a probe; the runner builds its own
+        logger.debug("Closing a probed env raised %s: %s", type(error).__name__, error)
+
+
+class _SubEnvFn:
+    """Builds sub-env `index` with `creator` (picklable, for "async" sub-processes)."""
+
+    def __init__(self, creator: Callable, context: EnvContext, index: int, origin: str):
+        self.creator, self.context, self.index, self.origin = creator, context, index, origin
+
+    def __call__(self) -> gym.Env:
+        env = _call_user(self.creator, self.context.copy_with_overrides(
+            vector_index=self.index), what=self.origin)
+        if not isinstance(env, gym.Env):
+            raise TypeError(f"{self.origin} returned {type(env).__name__} for sub-env "
+                            f"{self.index}; expected a gymnasium Env as for sub-env 0.")
+        return env
 
 
 def _call_user(fn: Callable, *args: Any, what: str) -> Any:
@@ -96,34 +164,44 @@ def _check_vector(env: gym.vector.VectorEnv, num_envs: int, origin: str) -> gym.
 
 
 def _source_from_creator(creator: Callable, first: Any, context: EnvContext, num_envs: int,
-                         name: str) -> HostEnvSource:
+                         name: str, mode: str = SYNC) -> HostEnvSource:
     """A host source from a creator whose first result `first` is a gymnasium env."""
     origin = f"the env creator {name!r}"
     if isinstance(first, gym.vector.VectorEnv):
         _check_vector(first, num_envs, origin)
         pending = [first]
+        vector_context = _vector_context(context, num_envs) if mode == VECTOR_ENTRY_POINT \
+            else context
 
         def build_vector() -> gym.vector.VectorEnv:
             if pending:
                 return pending.pop()
-            env = _call_user(creator, context, what=origin)
+            env = _call_user(creator, vector_context, what=origin)
             if not isinstance(env, gym.vector.VectorEnv):
                 raise TypeError(f"{origin} returned {type(env).__name__} when recreated; "
                                 "expected a gymnasium VectorEnv as the first time.")
             return _check_vector(env, num_envs, origin)
 
         return HostEnvSource(name=name, build=build_vector)
+    if mode == VECTOR_ENTRY_POINT:
+        _close_quietly(first)
+        raise TypeError(
+            f"gym_env_vectorize_mode='vector_entry_point': {origin} returned a single "
+            f"gymnasium Env ({type(first).__name__}), not a gymnasium VectorEnv. With this "
+            "mode the creator is called once with env_config['num_envs'] and must return "
+            "the vector env; use gym_env_vectorize_mode='sync' (or 'async') to vectorize "
+            "single envs.")
+    if mode == ASYNC:
+        _close_quietly(first)  # every sub-env is built in its own sub-process
+        fns = [_SubEnvFn(creator, context, i, origin) for i in range(num_envs)]
+        return HostEnvSource(name=name, build=lambda: _call_user(
+            lambda: _same_step(fns, ASYNC), what=f"{origin} (async sub-envs)"))
     pending_single = [first]
 
     def make_one(index: int) -> gym.Env:
         if index == 0 and pending_single:
             return pending_single.pop()
-        env = _call_user(creator, context.copy_with_overrides(vector_index=index),
-                         what=origin)
-        if not isinstance(env, gym.Env):
-            raise TypeError(f"{origin} returned {type(env).__name__} for sub-env {index}; "
-                            "expected a gymnasium Env as for sub-env 0.")
-        return env
+        return _SubEnvFn(creator, context, index, origin)()
 
     def build_single() -> gym.vector.VectorEnv:
         envs = [make_one(i) for i in range(num_envs)]
@@ -132,33 +210,99 @@ def _source_from_creator(creator: Callable, first: Any, context: EnvContext, num
     return HostEnvSource(name=name, build=build_single)
 
 
-def _gymnasium_id_source(env_id: str, context: EnvContext, num_envs: int) -> HostEnvSource:
+def _vector_context(context: EnvContext, num_envs: int) -> EnvContext:
+    """The context a vector entry point gets: `env_config` plus `num_envs` (as RLlib)."""
+    return context.copy_with_overrides(env_config={**context, "num_envs": num_envs})
+
+
+_CONTEXT_PARAMETER_NAMES = ("config", "env_config", "env_context", "context", "ctx")
+
+
+class _ClassCreator:
+    """A gymnasium `Env` / `VectorEnv` class used as `config.env`, called like a creator.
+
+    RLlib calls such a class with the `EnvContext` (`MyEnv(config)`, its examples'
+    convention). A class whose constructor has no parameter named like a context
+    (`config`, `env_config`, `env_context`, `context`, `ctx`) and no required positional
+    parameter is gymnasium-style (`CartPoleEnv(sutton_barto_reward=True)`): it gets
+    `env_config` as keyword arguments instead (a `VectorEnv` class also `num_envs`)."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.__name__ = cls.__name__
+        try:
+            params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        except (TypeError, ValueError):
+            params = []
+        self.takes_context = any(p.name in _CONTEXT_PARAMETER_NAMES for p in params) or any(
+            p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.name != "num_envs" for p in params)
+
+    def __call__(self, context: EnvContext) -> Any:
+        if self.takes_context:
+            return self.cls(context)
+        return self.cls(**dict(context))
+
+
+def is_gymnasium_class(obj: Any) -> bool:
+    """Whether `obj` is a gymnasium `Env` or `VectorEnv` subclass."""
+    return isinstance(obj, type) and issubclass(obj, (gym.Env, gym.vector.VectorEnv))
+
+
+def _gymnasium_id_source(env_id: str, context: EnvContext, num_envs: int,
+                         mode: str = SYNC) -> HostEnvSource:
+    spec = None
     if ":" not in env_id:  # "module:Id" ids register on import, inside gymnasium.make
         try:
-            gym.spec(env_id)
+            spec = gym.spec(env_id)
         except gym.error.Error as error:
             raise ValueError(
                 f"Unknown gymnasium env id {env_id!r} in {GYMNASIUM_PREFIX + env_id!r} "
                 f"({type(error).__name__}: {error})."
             ) from error
     kwargs = dict(context)
+    if spec is not None and spec.entry_point is None and spec.vector_entry_point is not None:
+        mode = VECTOR_ENTRY_POINT  # registered as a vector env only
+    if mode == VECTOR_ENTRY_POINT:
+        if spec is not None and spec.vector_entry_point is None:
+            raise ValueError(
+                f"gym_env_vectorize_mode='vector_entry_point', but the gymnasium id "
+                f"{env_id!r} has no vector_entry_point registered; use 'sync' or 'async'.")
 
-    def build() -> gym.vector.VectorEnv:
-        return _call_user(
-            lambda: gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                                 vector_kwargs={"autoreset_mode":
-                                                gym.vector.AutoresetMode.SAME_STEP},
-                                 **kwargs),
-            what=f"gymnasium.make_vec({env_id!r}, **{kwargs!r})")
+        def build() -> gym.vector.VectorEnv:
+            return _call_user(
+                lambda: gym.make_vec(env_id, num_envs=num_envs,
+                                     vectorization_mode=VECTOR_ENTRY_POINT, **kwargs),
+                what=f"gymnasium.make_vec({env_id!r}, vector_entry_point, **{kwargs!r})")
+    else:
+        def build() -> gym.vector.VectorEnv:
+            vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+            if mode == ASYNC:
+                vector_kwargs["context"] = "spawn"
+            return _call_user(
+                lambda: gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode,
+                                     vector_kwargs=vector_kwargs, **kwargs),
+                what=f"gymnasium.make_vec({env_id!r}, **{kwargs!r})")
 
     return HostEnvSource(name=GYMNASIUM_PREFIX + env_id, build=build)
 
 
-def _instance_source(env: Any, num_envs: int) -> HostEnvSource:
+def _instance_source(env: Any, num_envs: int, mode: str = SYNC) -> HostEnvSource:
     name = getattr(getattr(env, "spec", None), "id", None) or type(env).__name__
     if isinstance(env, gym.vector.VectorEnv):
         _check_vector(env, num_envs, "config.env")
+        if mode == ASYNC:
+            raise ValueError(
+                f"config.env is a gymnasium VectorEnv instance ({type(env).__name__}); it "
+                "is stepped as it is, so gym_env_vectorize_mode='async' / "
+                "remote_worker_envs=True cannot apply. Pass an AsyncVectorEnv, or a "
+                "creator of single envs with gym_env_vectorize_mode='async'.")
         return HostEnvSource(name=name, build=lambda: env, owned=False)
+    if mode == VECTOR_ENTRY_POINT:
+        raise ValueError(
+            f"gym_env_vectorize_mode='vector_entry_point', but config.env is a single "
+            f"gymnasium Env instance ({type(env).__name__}); pass a VectorEnv (or its "
+            "class / a creator returning one), or use 'sync' / 'async'.")
 
     def copy_of_instance() -> gym.Env:
         try:
@@ -173,15 +317,42 @@ def _instance_source(env: Any, num_envs: int) -> HostEnvSource:
     copy_of_instance()  # fail at construction, not at the first recreation
 
     def build() -> gym.vector.VectorEnv:
-        return _same_step([copy_of_instance for _ in range(num_envs)])
+        return _same_step([copy_of_instance for _ in range(num_envs)], mode)
 
     return HostEnvSource(name=name, build=build)
 
 
-def resolve_env(env_spec: Any, context: EnvContext, num_envs: int
-                ) -> tuple[str, Any]:
+def _refuse_host_settings_for_compiled(env_spec: Any, name: str, mode: str,
+                                       explicit_mode: str) -> None:
+    """"async" / "vector_entry_point" asked for an env that resolved to a compiled one:
+    an error for a gymnax id that gymnasium also registers (the user most likely meant
+    gymnasium's env); other compiled envs ignore the setting (documented)."""
+    if explicit_mode == SYNC:
+        return
+    if isinstance(env_spec, str) and env_spec in gym.registry:
+        raise ValueError(
+            f"gym_env_vectorize_mode={explicit_mode!r} asks for gymnasium vectorization, "
+            f"but {env_spec!r} resolved to the gymnax (compiled) env: gymnax ids take "
+            "precedence over gymnasium ids of the same name, and a compiled env is "
+            "vectorized by jax.vmap, so the setting cannot apply. Use "
+            f"config.environment({GYMNASIUM_PREFIX + env_spec!r}) to step gymnasium's env "
+            "on the host, or drop gym_env_vectorize_mode.")
+    logger.debug("gym_env_vectorize_mode=%r has no effect on the compiled env %r.", mode,
+                 name)
+
+
+def resolve_env(env_spec: Any, context: EnvContext, num_envs: int,
+                vectorize_mode: Any = SYNC) -> tuple[str, Any]:
     """Resolves `config.env` to `("host", HostEnvSource)` or
-    `("jax", (env, env_params, name))` for `SingleAgentEnvRunner`.
+    `("jax", (env, env_params, name))` for `SingleAgentEnvRunner`, in the order of the
+    module docstring.
+
+    Args:
+        env_spec: `config.env`.
+        context: the `EnvContext` creators get (`context.remote` is
+            `remote_worker_envs`: it turns "sync" into "async" for host envs).
+        num_envs: `num_envs_per_env_runner`.
+        vectorize_mode: `gym_env_vectorize_mode` (RLlib's values, `VECTORIZE_MODES`).
 
     A multi-agent env is a `TypeError` naming `MultiAgentEnvRunner` and
     `runner_class_for` (`jaxrunner.envs.kind.check_env_kind`); a compiled env is checked
@@ -190,23 +361,39 @@ def resolve_env(env_spec: Any, context: EnvContext, num_envs: int
     Creators are called once here (their result is reused); exceptions they raise come
     out as `EnvCreationError`.
     """
+    explicit_mode = vectorize_mode_of(vectorize_mode)
+    mode = vectorize_mode_of(vectorize_mode, bool(getattr(context, "remote", False)))
+    if isinstance(env_spec, str) and env_spec.startswith(ENVPOOL_PREFIX):
+        from jaxrunner.envs.envpool_env import envpool_source
+
+        return "host", envpool_source(env_spec[len(ENVPOOL_PREFIX):], context, num_envs,
+                                      explicit_mode)
     if isinstance(env_spec, str) and env_spec.startswith(GYMNASIUM_PREFIX):
         return "host", _gymnasium_id_source(env_spec[len(GYMNASIUM_PREFIX):], context,
-                                            num_envs)
+                                            num_envs, mode)
     if is_host_env(env_spec):
-        return "host", _instance_source(env_spec, num_envs)
+        return "host", _instance_source(env_spec, num_envs, mode)
     registry.reject_env_class(env_spec)
-    creator, name = None, None
-    if isinstance(env_spec, str) and registry.registered_env_creator(env_spec) is not None:
-        creator, name = registry.registered_env_creator(env_spec), env_spec
+    creator, name, call = None, None, None
+    found = registry.find_env_creator(env_spec) if isinstance(env_spec, str) else None
+    if found is not None:
+        creator, name = found[0], env_spec
+        if found[1] == "tune":
+            tune_creator = creator
+            creator = lambda ctx: registry.call_tune_creator(tune_creator, ctx)  # noqa: E731
+    elif is_gymnasium_class(env_spec):
+        creator, name = _ClassCreator(env_spec), env_spec.__name__
     elif callable(env_spec) and (isinstance(env_spec, type) or not (
             hasattr(env_spec, "step") and hasattr(env_spec, "reset"))):
         creator = env_spec
         name = getattr(env_spec, "__name__", type(env_spec).__name__)
     if creator is not None:
-        result = _call_user(creator, context, what=f"the env creator {name!r}")
+        first_context = _vector_context(context, num_envs) if mode == VECTOR_ENTRY_POINT \
+            else context
+        result = _call_user(creator, first_context, what=f"the env creator {name!r}")
         if is_host_env(result):
-            return "host", _source_from_creator(creator, result, context, num_envs, name)
+            return "host", _source_from_creator(creator, result, context, num_envs, name,
+                                                mode)
         origin = (f"the creator registered as {name!r}" if isinstance(env_spec, str)
                   else f"the env creator {name!r}")
         env, params = registry._as_env_and_params(result, origin)
@@ -219,6 +406,7 @@ def resolve_env(env_spec: Any, context: EnvContext, num_envs: int
         env, params, name = registry.make_jax_env(env_spec, context)
         check_env_kind(env, SINGLE_AGENT, name)
         registry.check_jax_env(env, params, name)
+        _refuse_host_settings_for_compiled(env_spec, name, mode, explicit_mode)
         return "jax", (env, params, name)
     except registry.UnknownEnvError as error:
         if isinstance(env_spec, str) and env_spec in gym.registry:
@@ -258,5 +446,6 @@ def create_with_retries(create: Callable[[], Any], *, restart: bool, tolerance: 
                            what, attempts, tolerance, exc_info=cause)
 
 
-__all__ = ["GYMNASIUM_PREFIX", "PROGRAMMING_ERRORS", "EnvCreationError", "HostEnvSource", "create_with_retries",
-           "is_host_env", "resolve_env"]
+__all__ = ["ENVPOOL_PREFIX", "GYMNASIUM_PREFIX", "PROGRAMMING_ERRORS", "VECTORIZE_MODES",
+           "EnvCreationError", "HostEnvSource", "create_with_retries", "is_gymnasium_class",
+           "is_host_env", "resolve_env", "vectorize_mode_of"]

@@ -1,8 +1,14 @@
-"""Env resolution: `register_env` names, callables, gymnax ids and gymnax env objects.
+"""Env resolution: `register_env` names, Ray Tune names, callables, gymnax ids and gymnax
+env objects.
 
-`config.env` resolves in this order (DESIGN.md "Construction"):
+`config.env` resolves in this order (DESIGN.md "Construction"; docs/envs.md "Resolution";
+host envs are resolved first by `jaxrunner.envs.gymnasium_env.resolve_env`):
 
 1. a name given to `register_env(name, creator)`;
+1b. a name given to Ray Tune's `ray.tune.registry.register_env(name, creator)`
+   (`tune_env_creator`; only looked up when Ray is already imported in this process, so
+   `import jaxrunner` and a Ray-free process never import Ray). The creator gets the
+   `EnvContext` as RLlib passes it;
 2. a callable `creator(env_context) -> (env, env_params)`;
 3. a gymnax `Environment` instance (its `default_params` are used);
 4. `"<suite>/<id>"` for the JAX env suites (`"brax/ant"`, `"craftax/Craftax-Symbolic-v1"`,
@@ -28,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -82,6 +89,86 @@ def unregister_env(name: str) -> None:
     if name not in _REGISTRY:
         raise KeyError(f"{name!r} is not a registered env; registered: {sorted(_REGISTRY)}.")
     del _REGISTRY[name]
+
+
+# ---------------------------------------------------------------------- Ray Tune's registry
+def _tune_registry_module() -> Any:
+    """`ray.tune.registry` if a Tune registration can exist in this process, else None.
+
+    Never imports Ray: without `ray` in `sys.modules` nothing can have been registered with
+    Tune here. `ray.tune` itself (seconds to import) is only imported when it already is,
+    or when this process is connected to Ray and Ray's internal KV store (which backs
+    Tune's registry, so a name registered in the driver is visible in every worker of the
+    job) holds Tune registry entries.
+    """
+    if "ray" not in sys.modules:
+        return None
+    module = sys.modules.get("ray.tune.registry")
+    if module is not None:
+        return module
+    try:
+        from ray.experimental import internal_kv
+    except ImportError:  # pragma: no cover - a partial Ray install
+        return None
+    try:
+        if not internal_kv._internal_kv_initialized():
+            return None  # not connected: a registration here would have imported ray.tune
+        if not internal_kv._internal_kv_list(b"TuneRegistry:"):
+            return None
+    except Exception:  # noqa: BLE001 - a KV store that cannot answer holds nothing usable
+        return None
+    import ray.tune.registry as module
+
+    return module
+
+
+def tune_env_creator(name: str) -> Callable[[Any], Any] | None:
+    """The creator `ray.tune.registry.register_env(name, creator)` registered (in this
+    process or, through Ray's internal KV store, in the driver of this Ray job), or None.
+
+    Looked up after `register_env` names; returns None without importing Ray when Ray is
+    not imported in this process.
+    """
+    if not isinstance(name, str):
+        return None
+    module = _tune_registry_module()
+    if module is None:
+        return None
+    registry = module._global_registry
+    try:
+        if not registry.contains(module.ENV_CREATOR, name):
+            return None
+        return registry.get(module.ENV_CREATOR, name)
+    except Exception:  # noqa: BLE001 - e.g. a job id that is not known yet
+        return None
+
+
+def find_env_creator(name: str) -> tuple[Callable[[Any], Any], str] | None:
+    """`(creator, origin)` for a name registered with jaxrunner (`origin="jaxrunner"`,
+    first) or with Ray Tune (`origin="tune"`), or None."""
+    creator = _REGISTRY.get(name) if isinstance(name, str) else None
+    if creator is not None:
+        return creator, "jaxrunner"
+    creator = tune_env_creator(name)
+    if creator is not None:
+        return creator, "tune"
+    return None
+
+
+def call_tune_creator(creator: Callable[[Any], Any], env_context: EnvContext) -> Any:
+    """Calls a Tune-registered creator with the `EnvContext` as RLlib passes it: one
+    positional dict (`env_config`) with `worker_index`, `num_workers`, `vector_index`,
+    `remote` and `recreated_worker` attributes. When RLlib is already imported, the
+    context is RLlib's own `ray.rllib.env.env_context.EnvContext` (so `isinstance`
+    checks in RLlib-written creators hold); RLlib is never imported for it."""
+    rllib_context = sys.modules.get("ray.rllib.env.env_context")
+    if rllib_context is not None and not isinstance(env_context, rllib_context.EnvContext):
+        env_context = rllib_context.EnvContext(
+            dict(env_context), worker_index=env_context.worker_index or 0,
+            vector_index=env_context.vector_index, remote=env_context.remote,
+            num_workers=env_context.num_workers,
+            recreated_worker=env_context.recreated_worker)
+    return creator(env_context)
 
 
 def gymnax_env_ids(runnable_only: bool = True) -> list[str]:
@@ -153,6 +240,12 @@ def make_jax_env(env_spec: Any, env_context: EnvContext) -> tuple[Any, Any, str]
             env, params = _as_env_and_params(_REGISTRY[env_spec](env_context),
                                              f"the creator registered as {env_spec!r}")
             return env, params, env_spec
+        tune_creator = tune_env_creator(env_spec)
+        if tune_creator is not None:
+            env, params = _as_env_and_params(
+                call_tune_creator(tune_creator, env_context),
+                f"the creator registered with ray.tune.registry.register_env as {env_spec!r}")
+            return env, params, env_spec
         from jaxrunner.envs import adapters
 
         if adapters.suite_prefix_of(env_spec) is not None:  # "brax/ant", "pgx/chess", ...
@@ -173,8 +266,9 @@ def make_jax_env(env_spec: Any, env_context: EnvContext) -> tuple[Any, Any, str]
         hint = (" Did you mean " + " or ".join(repr(m) for m in matches) + "?") if matches else ""
         raise UnknownEnvError(
             f"Unknown env {env_spec!r}: it is neither a name given to "
-            f"jaxrunner.register_env nor a gymnax id.{hint} Run `jaxrunner envs` to list "
-            "every env id."
+            "jaxrunner.register_env or ray.tune.registry.register_env (the latter is looked "
+            f"up only once Ray is imported) nor a gymnax id.{hint} Run `jaxrunner envs` to "
+            "list every env id."
         )
     from jaxrunner.envs import adapters
 
@@ -243,6 +337,19 @@ def _like_default(name: str, value: Any, default: Any, env_id: str) -> Any:
     return value
 
 
+def gymnax_precedence_note(env_id: str) -> str:
+    """For a gymnax id that gymnasium also registers (e.g. "CartPole-v1"), the sentence
+    that says the gymnax env took precedence and how to get gymnasium's; else ""."""
+    import gymnasium as gym
+
+    if env_id not in gym.registry:
+        return ""
+    return (f" Note: {env_id!r} is both a gymnax id and a gymnasium id; the gymnax "
+            "(compiled) env takes precedence. For gymnasium's env stepped on the host (with "
+            "its own constructor keywords, e.g. an RLlib config written for it), use "
+            f"config.environment('gymnasium:{env_id}').")
+
+
 def make_gymnax_env(env_id: str, env_config: dict) -> tuple[Any, Any]:
     """`gymnax.make(env_id)` with `env_config` applied: keys that are keyword arguments
     of the env's constructor go to `gymnax.make`, keys that are `EnvParams` fields are
@@ -267,6 +374,7 @@ def make_gymnax_env(env_id: str, env_config: dict) -> tuple[Any, Any]:
             f"{unknown} that are neither fields of its EnvParams ({keys['params']}) nor "
             f"arguments of its constructor ({keys['constructor'] or 'none'}).{hint} To "
             "build the env another way, register a creator with jaxrunner.register_env."
+            + gymnax_precedence_note(env_id)
         )
     if constructor:
         try:

@@ -239,12 +239,14 @@ class CompiledEnvRunner(EnvRunner):
 
     def _env_context(self) -> EnvContext:
         """The `EnvContext` the env creator gets (`config.env_config` with this runner's
-        `worker_index` / `num_workers`, or the config's own `EnvContext`)."""
+        `worker_index` / `num_workers` and `remote=config.remote_worker_envs`, or the
+        config's own `EnvContext`)."""
         env_config = self.config.env_config
         if isinstance(env_config, EnvContext):
             return env_config
         return EnvContext(env_config, worker_index=self.worker_index,
-                          num_workers=self.num_workers)
+                          num_workers=self.num_workers,
+                          remote=self.config.remote_worker_envs)
 
     # ------------------------------------------------------------------ compiled functions
     def _chunk_len(self) -> int:

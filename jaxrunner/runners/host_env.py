@@ -1,4 +1,21 @@
-"""Host envs: any gymnasium env behind the same `SingleAgentEnvRunner` API.
+"""Host envs: any gymnasium env (or EnvPool pool) behind the same `SingleAgentEnvRunner` API.
+
+The engine interface (it reads and writes nothing of the runner; the runner shell passes
+everything explicitly):
+
+* `HostEnvEngine(source, settings)`: `settings` is a `HostEngineSettings` (the runner's
+  seed, worker index, chunk length and the config values the engine reads, from
+  `HostEngineSettings.from_config`); the engine exposes `env`, `name`,
+  `observation_space`, `action_space`, `env_action_dtype`, `obs_zeros()`, `close()`.
+* `make_host_policy(...)` -> `HostPolicy`: the runner's compiled policy step for one mode
+  (built by the runner from its module and connector pipelines, cached with its other
+  compiled functions, so a new module or pipeline rebuilds it).
+* `init_carry(key, policy, params) -> (carry, lookback)`.
+* `sample(request, policy, result)`: a `HostSampleRequest` in (mode, sizes, whether to
+  reset, params, the runner's carry and lookback, episode-id prefix, weights seq no); the
+  `HostSampleResult` the runner passes is filled in, also when `sample()` raises (new
+  carry and lookback, whether the next call must reset, env failures to count, and on
+  success the batch and step counts).
 
 A `HostEnvEngine` steps a `gymnasium.vector` env in Python while the policy stays
 compiled: one jitted function per vector step runs the env-to-module connectors, the
@@ -35,8 +52,9 @@ fresh env. `num_consecutive_sub_env_failures_tolerance` failures in a row stop t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import jax
@@ -45,6 +63,7 @@ import numpy as np
 from flax import struct
 
 from jaxrunner.core.carry import Lookback, MetricRegisters, RolloutCarry, Trajectory
+from jaxrunner.core.faults import all_finite
 from jaxrunner.core.lookback import roll_lookback
 from jaxrunner.core.ring import RingInput, write_ring
 from jaxrunner.core.rollout import RolloutSpec, make_act_fn, sample_action_space
@@ -56,6 +75,11 @@ from jaxrunner.errors import StepFailedRecreateEnvError
 logger = logging.getLogger(__name__)
 
 _SAME_STEP = gym.vector.AutoresetMode.SAME_STEP
+
+
+class HostEnvConfigError(ValueError):
+    """A host vector env that cannot give RLlib's episode semantics (not a sub-env
+    failure: never retried, never counted)."""
 
 
 class NonFiniteStepError(RuntimeError):
@@ -94,13 +118,12 @@ def _canonical(tree: Any) -> Any:
     return jax.tree.map(leaf, tree)
 
 
-def _all_finite(tree: Any) -> np.ndarray | None:
-    ok = None
-    for leaf in jax.tree.leaves(tree):
-        if np.issubdtype(leaf.dtype, np.floating):
-            leaf_ok = np.isfinite(leaf).reshape(leaf.shape[0], -1).all(axis=-1)
-            ok = leaf_ok if ok is None else ok & leaf_ok
-    return ok
+@jax.jit
+def _finite_rows(rewards, final_obs):
+    """(B,) bool: the rewards and final observations of each sub-env are finite (the
+    compiled rollout's `all_finite`, on one host step's arrays)."""
+    ok = all_finite((rewards, final_obs))
+    return jnp.ones(rewards.shape, jnp.bool_) if ok is None else ok
 
 
 @jax.jit
@@ -119,6 +142,143 @@ def _roll_chunk(lookback: Lookback, chunk: Lookback, rows) -> Lookback:
         rewards=roll(lookback.rewards, chunk.rewards),
         extra_model_outputs={name: jax.tree.map(roll, old, chunk.extra_model_outputs[name])
                              for name, old in lookback.extra_model_outputs.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class HostEngineSettings:
+    """What a `HostEnvEngine` needs from its runner, given explicitly.
+
+    Attributes:
+        num_envs: sub-envs (`num_envs_per_env_runner`).
+        seed: the runner's seed (None: unseeded); the first reset after the env is built
+            uses it, a recreated env a fresh seed derived from it.
+        worker_index: the runner's index, for messages.
+        chunk_len: rows per returned chunk (the runner's chunk length).
+        lookback_len: `episode_lookback_horizon`.
+        metrics_window: the metric ring's size.
+        check_finite, restart_failed_sub_environments,
+        num_consecutive_sub_env_failures_tolerance: the config values of those names.
+    """
+
+    num_envs: int
+    seed: int | None
+    worker_index: int | None
+    chunk_len: int
+    lookback_len: int
+    metrics_window: int
+    check_finite: bool = True
+    restart_failed_sub_environments: bool = False
+    num_consecutive_sub_env_failures_tolerance: int = 100
+
+    @classmethod
+    def from_config(cls, config: Any, *, seed: int | None, worker_index: int | None,
+                    chunk_len: int) -> "HostEngineSettings":
+        return cls(num_envs=config.num_envs_per_env_runner, seed=seed,
+                   worker_index=worker_index, chunk_len=chunk_len,
+                   lookback_len=config.episode_lookback_horizon,
+                   metrics_window=config.metrics_window, check_finite=config.check_finite,
+                   restart_failed_sub_environments=config.restart_failed_sub_environments,
+                   num_consecutive_sub_env_failures_tolerance=(
+                       config.num_consecutive_sub_env_failures_tolerance))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPolicy:
+    """The runner's compiled policy for one mode (`make_host_policy`).
+
+    Attributes:
+        step: jitted `(params, policy_state, obs [B, ...], is_first (B,) bool,
+            prev_reward (B,) float32) -> (policy_state, (actions [B, ...], env_actions
+            [B, ...], extra_model_outputs {name: [B, ...]}))`; `policy_state` holds the
+            RNG key, previous actions, connector and module states (device-resident).
+        initial_module_state: `[B, ...]` recurrent module state of fresh episodes.
+        initial_connector_state: `(env_to_module, module_to_env)` pipeline states.
+    """
+
+    step: Callable
+    initial_module_state: Any
+    initial_connector_state: Any
+
+
+def make_host_policy(*, module: Any, env_to_module: Any, module_to_env: Any,
+                     action_space: Any, env_action_dtype: Any, num_envs: int,
+                     mode: str) -> HostPolicy:
+    """The compiled policy step of one host vector step: the compiled rollout's own
+    `make_act_fn` (env-to-module connectors, module, action distribution, module-to-env
+    connectors), jitted once."""
+    spec = RolloutSpec(
+        env=None, module=module, action_space=action_space,
+        env_action_dtype=env_action_dtype, num_envs=num_envs, chunk_len=1, lookback_len=0,
+        metrics_window=1, env_to_module=env_to_module, module_to_env=module_to_env)
+    act = make_act_fn(spec, mode)
+
+    def policy_step(params, state: _PolicyState, obs, is_first, prev_reward):
+        key, act_key = jax.random.split(state.key)
+        inputs = _ActInputs(obs=obs, is_first=is_first, prev_action=state.prev_action,
+                            prev_reward=prev_reward, connector_state=state.connector_state,
+                            module_state=state.module_state)
+        actions, env_actions, extras, connector_state, module_state = act(
+            params, inputs, act_key)
+        new_state = _PolicyState(
+            key=key, prev_action=actions.astype(state.prev_action.dtype),
+            connector_state=connector_state, module_state=module_state)
+        return new_state, (actions, env_actions, extras)
+
+    module_state = jax.tree.map(
+        lambda x: jnp.broadcast_to(jnp.asarray(x), (num_envs,) + jnp.shape(x)),
+        module.get_initial_state())
+    return HostPolicy(step=jax.jit(policy_step), initial_module_state=module_state,
+                      initial_connector_state=(env_to_module.init_state(num_envs),
+                                               module_to_env.init_state(num_envs)))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSampleRequest:
+    """One `sample()` call as the runner shell asks it.
+
+    Attributes:
+        mode: "explore", "inference" or "random".
+        num_timesteps / num_episodes: the size (exactly one is not None).
+        reset: start new episodes first (force_reset, episode mode, or a call after an
+            error).
+        params: the module's params.
+        carry / lookback: the runner's `RolloutCarry` and `Lookback` (from `init_carry`
+            or the previous call's result).
+        id_prefix / weights_seq_no: what the returned `EpisodeBatch` carries.
+    """
+
+    mode: str
+    num_timesteps: int | None
+    num_episodes: int | None
+    reset: bool
+    params: Any
+    carry: RolloutCarry
+    lookback: Lookback
+    id_prefix: str
+    weights_seq_no: int
+
+
+@dataclasses.dataclass
+class HostSampleResult:
+    """What `HostEnvEngine.sample()` hands back; filled in also when it raises.
+
+    Attributes:
+        carry / lookback: the runner's new carry and lookback.
+        needs_reset: the next call must start new episodes.
+        env_step_failures: env failures (steps, resets) seen in the call, for
+            `num_env_step_failures`.
+        batch, vector_steps, env_steps, discarded: on success, like the compiled
+            `_sample_chunks`.
+    """
+
+    carry: Any = None
+    lookback: Any = None
+    needs_reset: bool = True
+    env_step_failures: int = 0
+    batch: EpisodeBatch | None = None
+    vector_steps: int = 0
+    env_steps: int = 0
+    discarded: int = 0
 
 
 class _ChunkBuffer:
@@ -208,20 +368,20 @@ class _Call:
 
 
 class HostEnvEngine:
-    """Steps a gymnasium vector env for a `SingleAgentEnvRunner` (see the module
-    docstring). The runner keeps owning the params, connectors, metrics and its carry
+    """Steps a gymnasium vector env for a runner shell (see the module docstring for the
+    interface). The runner keeps owning the params, connectors, metrics and its carry
     (`RolloutCarry` with host numpy episode counters and device connector/module/RNG
     state; `env_state` is empty: the gymnasium env holds it)."""
 
-    def __init__(self, runner: Any, source: HostEnvSource):
-        self.runner = runner
+    def __init__(self, source: HostEnvSource, settings: HostEngineSettings):
+        self.settings = settings
         self.source = source
         self.name = source.name
         self.env: gym.vector.VectorEnv = self._create()
-        if self.env.num_envs != runner.num_envs:
+        if self.env.num_envs != settings.num_envs:
             raise ValueError(
                 f"The gymnasium vector env {self.name!r} has {self.env.num_envs} sub-envs, "
-                f"but num_envs_per_env_runner={runner.num_envs}.")
+                f"but num_envs_per_env_runner={settings.num_envs}.")
         self.observation_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space
         self.env_action_dtype = action_dtype(self.action_space)
@@ -232,13 +392,14 @@ class HostEnvEngine:
         self._needs_recreate = False
         self._consecutive_failures = 0
         self._call: _Call | None = None
+        self._failures = 0  # env failures of the current call
 
     # ------------------------------------------------------------------ env lifecycle
     def _create(self) -> gym.vector.VectorEnv:
-        cfg = self.runner.config
+        s = self.settings
         env = create_with_retries(
-            self.source.build, restart=cfg.restart_failed_sub_environments,
-            tolerance=cfg.num_consecutive_sub_env_failures_tolerance,
+            self.source.build, restart=s.restart_failed_sub_environments,
+            tolerance=s.num_consecutive_sub_env_failures_tolerance,
             what=f"the gymnasium env {self.name!r}")
         if not isinstance(env, gym.vector.VectorEnv):
             raise TypeError(f"Building {self.name!r} gave {type(env).__name__}, not a "
@@ -254,7 +415,7 @@ class HostEnvEngine:
                                type(error).__name__, error)
 
     def _next_seed(self, recreated: bool) -> int | None:
-        seed = self.runner._seed
+        seed = self.settings.seed
         if self._seed_next_reset:
             self._seed_next_reset = False
             return seed
@@ -270,45 +431,47 @@ class HostEnvEngine:
             self.close()
             self.env = None
             self.env = self._create()
-            self.runner.env = self.env
         self.recreations += 1
         self._needs_recreate = False
 
     # ------------------------------------------------------------------ carry
-    def _obs_zeros(self) -> Any:
+    def obs_zeros(self) -> Any:
+        """A zero `[B, ...]` observation batch in the dtypes JAX uses."""
         from gymnasium.vector.utils import create_empty_array
 
-        return _canonical(create_empty_array(self.observation_space, n=self.runner.num_envs,
-                                             fn=np.zeros))
+        return _canonical(create_empty_array(self.observation_space,
+                                             n=self.settings.num_envs, fn=np.zeros))
 
-    def init_carry(self) -> tuple[RolloutCarry, Lookback]:
-        """A fresh carry (the env is reset by the next `sample()`) and zero lookback."""
-        r = self.runner
-        num_envs = r.num_envs
+    def init_carry(self, key: jax.Array, policy: HostPolicy, params: Any
+                   ) -> tuple[RolloutCarry, Lookback]:
+        """A fresh carry (the env is reset by the next `sample()`) and zero lookback.
+
+        Args:
+            key: the typed RNG key of the policy (the runner derives it from its seed).
+            policy: any mode's `HostPolicy` (for the initial states and output shapes).
+            params: the module's params.
+        """
+        num_envs = self.settings.num_envs
         action = jax.eval_shape(lambda k: sample_action_space(self.action_space, k, num_envs),
                                 jax.random.key(0))
-        module_state = jax.tree.map(
-            lambda x: jnp.broadcast_to(jnp.asarray(x), (num_envs,) + jnp.shape(x)),
-            r.module.get_initial_state())
         carry = RolloutCarry(
-            env_state=(), obs=self._obs_zeros(), key=jax.random.fold_in(r._base_key, 2),
+            env_state=(), obs=self.obs_zeros(), key=key,
             episode_count=np.zeros((num_envs,), np.int32),
             episode_len=np.zeros((num_envs,), np.int32),
             episode_return=np.zeros((num_envs,), np.float32),
             is_first=np.ones((num_envs,), np.bool_),
             prev_action=jax.device_put(np.zeros(action.shape, action.dtype)),
             prev_reward=np.zeros((num_envs,), np.float32),
-            connector_state=(r.env_to_module.init_state(num_envs),
-                             r.module_to_env.init_state(num_envs)),
-            module_state=module_state,
+            connector_state=policy.initial_connector_state,
+            module_state=policy.initial_module_state,
             consecutive_failures=np.zeros((num_envs,), np.int32),
             vector_step=np.uint32(0),
-            metrics=jax.device_get(MetricRegisters.create(r.config.metrics_window)),
+            metrics=jax.device_get(MetricRegisters.create(self.settings.metrics_window)),
         )
         _, (actions, _, extras) = jax.eval_shape(
-            self._policy_fn("explore"), r._params, self._policy_state(carry), carry.obs,
-            carry.is_first, carry.prev_reward)
-        length = r.config.episode_lookback_horizon
+            policy.step, params, self._policy_state(carry), carry.obs, carry.is_first,
+            carry.prev_reward)
+        length = self.settings.lookback_len
         zeros = lambda s: np.zeros((length,) + tuple(s.shape), s.dtype)  # noqa: E731
         lookback = Lookback(obs=jax.tree.map(zeros, carry.obs), actions=zeros(actions),
                             rewards=np.zeros((length, num_envs), np.float32),
@@ -321,45 +484,13 @@ class HostEnvEngine:
                             connector_state=carry.connector_state,
                             module_state=carry.module_state)
 
-    # ------------------------------------------------------------------ jitted pieces
-    def _policy_fn(self, mode: str):
-        """One jitted policy step per mode, cached with the runner's compiled functions
-        (so a new module or connector pipeline rebuilds it)."""
-        cache_key = ("host_policy", mode)
-        compiled = self.runner._compiled
-        if cache_key not in compiled:
-            r = self.runner
-            spec = RolloutSpec(
-                env=None, module=r.module, action_space=self.action_space,
-                env_action_dtype=self.env_action_dtype, num_envs=r.num_envs,
-                chunk_len=r._chunk_len(), lookback_len=r.config.episode_lookback_horizon,
-                metrics_window=r.config.metrics_window, env_to_module=r.env_to_module,
-                module_to_env=r.module_to_env)
-            act = make_act_fn(spec, mode)
-
-            def policy_step(params, state: _PolicyState, obs, is_first, prev_reward):
-                key, act_key = jax.random.split(state.key)
-                inputs = _ActInputs(obs=obs, is_first=is_first, prev_action=state.prev_action,
-                                    prev_reward=prev_reward,
-                                    connector_state=state.connector_state,
-                                    module_state=state.module_state)
-                actions, env_actions, extras, connector_state, module_state = act(
-                    params, inputs, act_key)
-                new_state = _PolicyState(
-                    key=key, prev_action=actions.astype(state.prev_action.dtype),
-                    connector_state=connector_state, module_state=module_state)
-                return new_state, (actions, env_actions, extras)
-
-            compiled[cache_key] = jax.jit(policy_step)
-        return compiled[cache_key]
-
     # ------------------------------------------------------------------ faults
     def _on_failure(self, error: BaseException, during: str = "step") -> None:
         """Books one env failure; raises when recovery is off or the env fails forever.
         Call inside the `except` block (the traceback is logged from there)."""
-        r = self.runner
-        cfg = r.config
-        r._metrics.env_step_failures_lifetime += 1
+        cfg = self.settings
+        worker = cfg.worker_index
+        self._failures += 1
         self._consecutive_failures += 1
         call = self._call
         where = (f"vector step {call.rows} of this sample() call"
@@ -367,7 +498,7 @@ class HostEnvEngine:
         if not cfg.restart_failed_sub_environments:
             self._needs_recreate = True
             raise RuntimeError(
-                f"The gymnasium env {self.name!r} of runner {r.worker_index} failed at "
+                f"The gymnasium env {self.name!r} of runner {worker} failed at "
                 f"{where} ({type(error).__name__}: {error}). Set {RESTART_HINT} to recreate "
                 "the env and continue (its episodes in progress are discarded); the next "
                 "sample() starts on a fresh env."
@@ -376,7 +507,7 @@ class HostEnvEngine:
         if self._consecutive_failures > tolerance:
             self._needs_recreate = True
             raise RuntimeError(
-                f"The gymnasium env {self.name!r} of runner {r.worker_index} failed "
+                f"The gymnasium env {self.name!r} of runner {worker} failed "
                 f"{self._consecutive_failures} times in a row even after being recreated: "
                 f"it fails forever (last error {type(error).__name__}: {error}). Fix the "
                 "env, or raise config.fault_tolerance("
@@ -385,7 +516,7 @@ class HostEnvEngine:
         if not isinstance(error, StepFailedRecreateEnvError):
             logger.error(
                 "The gymnasium env %r of runner %s failed at %s (%s: %s); recreating it and "
-                "discarding its episodes in progress.", self.name, r.worker_index, where,
+                "discarding its episodes in progress.", self.name, worker, where,
                 type(error).__name__, error,
                 exc_info=not isinstance(error, NonFiniteStepError))
 
@@ -455,21 +586,37 @@ class HostEnvEngine:
         elif done.any():
             # NEXT_STEP / DISABLED: reset the finished sub-envs now, so no step is spent
             # on the reset (the final observation is what step() returned).
+            stepped = next_obs
             next_obs, _ = self.env.reset(options={"reset_mask": done.copy()})
             next_obs = _canonical(next_obs)
+            self._check_reset_mask_honoured(stepped, next_obs, done)
         rewards = np.asarray(rewards, np.float32)
-        if self.runner.config.check_finite:
-            ok = np.isfinite(rewards)
-            obs_ok = _all_finite(final_obs)
-            if obs_ok is not None:
-                ok = ok & obs_ok
+        if self.settings.check_finite:
+            ok = np.asarray(jax.device_get(_finite_rows(rewards, final_obs)))
             if not ok.all():
                 raise NonFiniteStepError(
                     f"sub-env {int(np.flatnonzero(~ok)[0])} returned a non-finite "
                     "observation or reward (check_finite)")
         return next_obs, rewards, terminated, truncated, final_obs
 
-    def _vector_step(self, policy, params) -> np.ndarray | None:
+    def _check_reset_mask_honoured(self, stepped: Any, reset: Any, done: np.ndarray) -> None:
+        """A vector env that ignores `reset(options={"reset_mask": ...})` resets every
+        sub-env, which would cut the episodes still running: a configuration error."""
+        keep = ~done
+        for before, after in zip(jax.tree.leaves(stepped), jax.tree.leaves(reset)):
+            if not np.array_equal(before[keep], after[keep], equal_nan=True):
+                raise HostEnvConfigError(
+                    f"The gymnasium vector env {self.name!r} ({type(self.env).__name__}) "
+                    f"auto-resets in {self.autoreset_mode.name} mode, and its reset() "
+                    "ignored options['reset_mask'] (sub-envs that had not finished changed "
+                    "their observation). The runner resets finished sub-envs right after "
+                    "their last step (RLlib's episodes spend no step on a reset), which "
+                    "needs the vector env to honour reset_mask (as gymnasium's Sync- and "
+                    "AsyncVectorEnv do). Vectorize single envs instead "
+                    "(config.env_runners(gym_env_vectorize_mode='sync' or 'async')), or "
+                    "give the vector env SAME_STEP autoreset.")
+
+    def _vector_step(self, policy: Callable, params) -> np.ndarray | None:
         """One vector step; returns the done flags, or None if the env failed (and was
         recreated)."""
         call = self._call
@@ -478,6 +625,9 @@ class HostEnvEngine:
         actions, env_actions, extras = jax.device_get(out)
         try:
             next_obs, rewards, terminated, truncated, final_obs = self._env_step(env_actions)
+        except HostEnvConfigError:
+            self._needs_recreate = True
+            raise
         except Exception as error:  # noqa: BLE001 - RLlib's _try_env_step
             self._on_failure(error)
             self._discard_in_progress()
@@ -501,67 +651,68 @@ class HostEnvEngine:
         return done
 
     # ------------------------------------------------------------------ sample
-    def sample(self, mode: str, num_timesteps: int | None, num_episodes: int | None,
-               force_reset: bool) -> tuple[EpisodeBatch, int, int, int]:
-        """Steps until `num_timesteps` env steps are returned (or `num_episodes` finished);
-        returns `(batch, vector_steps, env_steps, discarded_env_steps)` like the compiled
-        `_sample_chunks`."""
-        r = self.runner
-        r._ensure_carry()
-        carry, lookback_at_start = r._carry, r._lookback
+    def sample(self, request: HostSampleRequest, policy: HostPolicy,
+               result: HostSampleResult) -> None:
+        """Steps until `num_timesteps` env steps are returned (or `num_episodes`
+        finished); fills `result` (see `HostSampleResult`), also when it raises."""
+        carry, lookback_at_start = request.carry, request.lookback
+        num_timesteps, num_episodes = request.num_timesteps, request.num_episodes
         start_step = int(carry.vector_step)
-        num_envs = r.num_envs
-        self._chunk_len = r._chunk_len()
-        policy = self._policy_fn(mode)
-        params = r._params
+        num_envs = self.settings.num_envs
+        self._chunk_len = self.settings.chunk_len
+        step, params = policy.step, request.params
         call = self._call = _Call(carry)
+        self._failures = 0
         try:
             if self._needs_recreate:
                 self._discard_in_progress()
                 self._restart_env()
-            elif num_episodes is not None or force_reset or r._needs_reset:
+            elif num_episodes is not None or request.reset:
                 self._discard_in_progress()  # as the compiled reset_carry: new episodes
                 self._reset_env()
-            r._needs_reset = False
             if num_episodes is not None:
                 counted = 0
                 while counted < num_episodes:
-                    done = self._vector_step(policy, params)
+                    done = self._vector_step(step, params)
                     if done is not None:
                         counted += int(done.sum())
             else:
                 while call.rows * num_envs - call.discarded < num_timesteps:
-                    self._vector_step(policy, params)
+                    self._vector_step(step, params)
         except BaseException:
             # The call's episodes are lost; the runner stays usable and the next sample()
             # starts on fresh episodes (and a fresh env after a failure).
-            r._needs_reset = True
-            r._carry = call.to_carry(carry, start_step, carry.metrics)
+            result.carry = call.to_carry(carry, start_step, carry.metrics)
+            result.lookback = lookback_at_start
+            result.needs_reset = True
+            result.env_step_failures = self._failures
             self._call = None
             raise
         self._call = None
         chunks = [buffer.trajectory() for buffer in call.buffers]
         metrics, returned_episode_steps = self._update_metrics(
             carry.metrics, call.buffers, start_step, num_episodes)
-        r._carry = call.to_carry(carry, start_step + call.rows, metrics)
-        r._lookback = self._roll_lookback(lookback_at_start, call.buffers)
+        result.carry = call.to_carry(carry, start_step + call.rows, metrics)
+        result.lookback = self._roll_lookback(lookback_at_start, call.buffers)
+        result.env_step_failures = self._failures
         env_steps = call.rows * num_envs
         if num_episodes is not None:
-            r._needs_reset = True  # episodes in flight are dropped, as in RLlib
+            result.needs_reset = True  # episodes in flight are dropped, as in RLlib
             discarded = env_steps - returned_episode_steps
             batch_mode = "episodes"
         else:
+            result.needs_reset = False
             discarded = call.discarded
             batch_mode = "timesteps"
-        batch = EpisodeBatch(
+        result.batch = EpisodeBatch(
             chunks=tuple(chunks), start_episode_count=call.start_count,
             start_episode_len=call.start_len, lookback=lookback_at_start,
             num_steps=call.rows, num_envs=num_envs, mode=batch_mode,
-            num_episodes=num_episodes, id_prefix=r._id_prefix,
+            num_episodes=num_episodes, id_prefix=request.id_prefix,
             observation_space=self.observation_space, action_space=self.action_space,
-            weights_seq_no=r._weights_seq_no,
+            weights_seq_no=request.weights_seq_no,
             discarded_env_steps=discarded if batch_mode == "timesteps" else 0)
-        return batch, call.rows, env_steps, discarded
+        result.vector_steps, result.env_steps, result.discarded = call.rows, env_steps, discarded
 
     @staticmethod
     def _update_metrics(registers, buffers: list[_ChunkBuffer], start_step: int,
@@ -600,4 +751,5 @@ class HostEnvEngine:
         return lookback
 
 
-__all__ = ["HostEnvEngine", "NonFiniteStepError"]
+__all__ = ["HostEngineSettings", "HostEnvConfigError", "HostEnvEngine", "HostPolicy", "HostSampleRequest",
+           "HostSampleResult", "NonFiniteStepError", "make_host_policy"]

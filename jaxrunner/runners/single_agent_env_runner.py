@@ -65,7 +65,7 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
         cfg = self.config
         context = self._env_context()
         kind, resolved = create_with_retries(
-            lambda: resolve_env(cfg.env, context, self.num_envs),
+            lambda: resolve_env(cfg.env, context, self.num_envs, cfg.gym_env_vectorize_mode),
             restart=cfg.restart_failed_sub_environments,
             tolerance=cfg.num_consecutive_sub_env_failures_tolerance,
             what=f"the env {cfg.env!r}")
@@ -73,9 +73,11 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
             self._host.close()
             self._host = None
         if kind == "host":
-            from jaxrunner.runners.host_env import HostEnvEngine
+            from jaxrunner.runners.host_env import HostEngineSettings, HostEnvEngine
 
-            host = HostEnvEngine(self, resolved)
+            host = HostEnvEngine(resolved, HostEngineSettings.from_config(
+                cfg, seed=self._seed, worker_index=self.worker_index,
+                chunk_len=self._chunk_len()))
             self.observation_space, self.action_space = host.observation_space, host.action_space
             self._env_action_dtype = host.env_action_dtype
             self._host = host
@@ -146,7 +148,7 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
         num_envs = self.num_envs
         key = jax.random.key(0)
         if self._host is not None:
-            obs = jax.eval_shape(lambda: self._host._obs_zeros())
+            obs = jax.eval_shape(self._host.obs_zeros)
         else:
             obs = jax.eval_shape(
                 lambda k: jax.vmap(self.env.reset, in_axes=(0, None))(
@@ -232,15 +234,44 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
 
     def _ensure_carry(self) -> None:
         if self._carry is None and self._host is not None:
-            self._carry, self._lookback = self._host.init_carry()  # reset at next sample()
+            self._carry, self._lookback = self._host.init_carry(  # reset at next sample()
+                jax.random.fold_in(self._base_key, 2), self._host_policy("explore"),
+                self._params)
         else:
             super()._ensure_carry()
 
     # ------------------------------------------------------------------ sampling
+    def _host_policy(self, mode: str):
+        """The compiled policy step the host engine gets (cached with `_compiled`)."""
+        if ("host_policy", mode) not in self._compiled:
+            from jaxrunner.runners.host_env import make_host_policy
+
+            self._compiled[("host_policy", mode)] = make_host_policy(
+                module=self.module, env_to_module=self.env_to_module,
+                module_to_env=self.module_to_env, action_space=self.action_space,
+                env_action_dtype=self._env_action_dtype, num_envs=self.num_envs, mode=mode)
+        return self._compiled[("host_policy", mode)]
+
     def _sample_on_host(self, mode, num_timesteps, num_episodes, force_reset):
         if self._host is None:
             return None
-        return self._host.sample(mode, num_timesteps, num_episodes, force_reset)
+        from jaxrunner.runners.host_env import HostSampleRequest, HostSampleResult
+
+        self._ensure_carry()
+        request = HostSampleRequest(
+            mode=mode, num_timesteps=num_timesteps, num_episodes=num_episodes,
+            reset=force_reset or self._needs_reset, params=self._params, carry=self._carry,
+            lookback=self._lookback, id_prefix=self._id_prefix,
+            weights_seq_no=self._weights_seq_no)
+        result = HostSampleResult(carry=self._carry, lookback=self._lookback)
+        try:
+            self._host.sample(request, self._host_policy(mode), result)
+        finally:
+            self._carry, self._lookback = result.carry, result.lookback
+            self._needs_reset = result.needs_reset
+            self._metrics.env_step_failures_lifetime += result.env_step_failures
+            self.env = self._host.env
+        return result.batch, result.vector_steps, result.env_steps, result.discarded
 
     def _make_batch(self, chunks, infos, lookback_at_start, vector_steps, mode, num_episodes,
                     discarded) -> EpisodeBatch:
