@@ -190,6 +190,16 @@ def test_suite_report__lists_every_suite_and_kinetix_reason():
     assert "jaxrunner[navix]" in rows["navix"]["install_hint"]
 
 
+def test_kinetix_name__clear_error_naming_the_jax_pin():
+    """`"kinetix/..."` fails early, by name and through a runner, saying why (every
+    kinetix-env release pins an older jax) rather than "unknown env"."""
+    with pytest.raises(ValueError, match=r"kinetix-env .*jax<=0\.9\.0.*jax 0\.10"):
+        make_jax_env("kinetix/l/h0_unicycle", jaxrunner.EnvContext())
+    config = jaxrunner.RunnerConfig().environment("kinetix/l/h0_unicycle")
+    with pytest.raises(ValueError, match=r"'kinetix/\.\.\.' envs are not supported"):
+        jaxrunner.SingleAgentEnvRunner(config=config)
+
+
 # ---------------------------------------------------------------------- Navix
 class NavixReference(Reference):
     def __init__(self, env):

@@ -24,7 +24,7 @@ Two ways in, both from `config.environment(...)` through `jaxrunner.envs.registr
 | `navix/` | `navix` | `jaxrunner[navix]` | `NavixEnv` |
 | `xminigrid/` | `xminigrid` | `jaxrunner[xminigrid]` | `XMiniGridEnv` |
 | `pgx/` | `pgx` | `jaxrunner[pgx]` | `PgxEnv` (1 player) / `PgxMultiAgentEnv` |
-| `kinetix/` | `kinetix-env` | none: it requires `jax<=0.9.0` | none (see `docs/env_suites.md`) |
+| `kinetix/` | `kinetix-env` | none: every release requires `jax<=0.9.0` or older | none (see `docs/env_suites.md`) |
 """
 
 from __future__ import annotations
@@ -83,9 +83,11 @@ class Suite:
         return list(self.module().env_ids())
 
 
-KINETIX_NOTE = ("kinetix-env 3.0.2 (the newest release) requires jax<=0.9.0 and flax 0.12.6, "
-                "so installing it downgrades the JAX that jaxrunner is tested with; it is "
-                "left out until it supports jax 0.10")
+KINETIX_NOTE = ("no kinetix-env release installs beside jax 0.10: kinetix-env 2.0.4 to 3.0.2 "
+                "(the newest) require jax<=0.9.0, 1.0.5 to 2.0.3 jax<0.6.0, 1.0.0 to 1.0.2 "
+                "jax==0.4.37, so pip would downgrade the JAX jaxrunner is tested with "
+                "(jax2d, its physics engine, pins no jax but has no envs); there is no "
+                "kinetix/ adapter until a kinetix-env release allows jax 0.10")
 
 SUITES: dict[str, Suite] = {s.prefix: s for s in (
     Suite("brax", "brax", "brax", "brax"),
