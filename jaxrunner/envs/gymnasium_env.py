@@ -363,6 +363,8 @@ def resolve_env(env_spec: Any, context: EnvContext, num_envs: int,
     """
     explicit_mode = vectorize_mode_of(vectorize_mode)
     mode = vectorize_mode_of(vectorize_mode, bool(getattr(context, "remote", False)))
+    # An RLlib / PettingZoo multi-agent env (or class) is a gymnasium Env too: refuse it.
+    check_env_kind(env_spec, SINGLE_AGENT, getattr(env_spec, "__name__", None))
     if isinstance(env_spec, str) and env_spec.startswith(ENVPOOL_PREFIX):
         from jaxrunner.envs.envpool_env import envpool_source
 
@@ -391,6 +393,7 @@ def resolve_env(env_spec: Any, context: EnvContext, num_envs: int,
         first_context = _vector_context(context, num_envs) if mode == VECTOR_ENTRY_POINT \
             else context
         result = _call_user(creator, first_context, what=f"the env creator {name!r}")
+        check_env_kind(result, SINGLE_AGENT, name)
         if is_host_env(result):
             return "host", _source_from_creator(creator, result, context, num_envs, name,
                                                 mode)

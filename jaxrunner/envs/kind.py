@@ -1,7 +1,8 @@
 """Which kind of runner an env needs: single-agent (gymnax / gymnasium) or multi-agent
 (`jaxrunner.envs.multi_agent.MultiAgentEnv`), and the error for the wrong one.
 
-`env_kind_of(env)` looks at a built env; `jaxrunner.runners.selection.env_kind(config)`
+`env_kind_of(env)` looks at a built env (JAX, or a host RLlib / PettingZoo multi-agent
+env); `jaxrunner.runners.selection.env_kind(config)`
 resolves `config.env` first. Runners call `check_env_kind(env, runner_kind, name)` right
 after building their env, so a multi-agent env given to `SingleAgentEnvRunner` fails with
 what to use instead, before anything is traced.
@@ -18,11 +19,15 @@ RUNNER_FOR_KIND = {SINGLE_AGENT: "SingleAgentEnvRunner", MULTI_AGENT: "MultiAgen
 
 def env_kind_of(env: Any) -> str:
     """`MULTI_AGENT` for a `MultiAgentEnv` instance (or an `(env, params)` tuple holding
-    one), else `SINGLE_AGENT`."""
+    one) and for host multi-agent envs (an RLlib `MultiAgentEnv` or a PettingZoo env,
+    instance or class; see `jaxrunner.envs.host_multi_agent`), else `SINGLE_AGENT`."""
+    from jaxrunner.envs.host_multi_agent import is_host_multi_agent_env
     from jaxrunner.envs.multi_agent import MultiAgentEnv
 
     if isinstance(env, tuple) and len(env) == 2:
         env = env[0]
+    if is_host_multi_agent_env(env):
+        return MULTI_AGENT
     return MULTI_AGENT if isinstance(env, MultiAgentEnv) else SINGLE_AGENT
 
 

@@ -82,6 +82,7 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         self._agent_ids: tuple[str, ...] = ()
         self._mapping: AgentMapping | None = None
         self._metrics: MultiAgentRunnerMetrics | None = None
+        self._host = None  # HostMultiAgentEngine for an RLlib / PettingZoo env
 
     # ------------------------------------------------------------------ construction
     def make_env(self) -> None:
@@ -89,6 +90,8 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         traces with JAX (fixed agents, dict keys, `agents_to_act`)."""
         cfg = self.config
         context = self._env_context()
+        if self._make_host_env(context):
+            return
         env, env_params, name = make_multi_agent_env(cfg.env, context)
         agents = tuple(env.agents)
         if not agents or len(set(agents)) != len(agents) or not all(
@@ -111,6 +114,58 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         self._compiled = {}
         if self.module is not None:
             self.make_module()
+
+    def _make_host_env(self, context) -> bool:
+        """Builds a host engine (`jaxrunner.runners.host_multi_agent_env`) when
+        `config.env` is an RLlib `MultiAgentEnv` or a PettingZoo env; returns whether."""
+        from jaxrunner.envs.host_multi_agent import host_multi_agent_source
+
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+        source = host_multi_agent_source(self.config.env, context)
+        if source is None:
+            return False
+        from jaxrunner.runners.host_multi_agent_env import HostMultiAgentEngine
+
+        host = HostMultiAgentEngine(self, source)
+        self._host, self.env, self.env_params, self.env_name = host, host, None, host.name
+        self._agent_ids = host.agents
+        self._gymnax_action_spaces = host.gymnax_action_spaces
+        self.observation_spaces, self.action_spaces = (host.observation_spaces,
+                                                       host.action_spaces)
+        self._env_action_dtypes = {a: action_dtype(s) for a, s in host.action_spaces.items()}
+        self._carry, self._needs_reset, self._compiled = None, True, {}
+        if self.module is not None:
+            self.make_module()
+        return True
+
+    def _ensure_carry(self) -> None:
+        if self._carry is None and self._host is not None:
+            self._carry = self._host.init_carry(jax.random.fold_in(self._base_key, 2))
+            self._lookback = self._host.init_lookback(self._carry)
+            self._needs_reset = True  # the host envs are reset by the next sample()
+        else:
+            super()._ensure_carry()
+
+    def _sample_on_host(self, mode, num_timesteps, num_episodes, force_reset):
+        if self._host is None:
+            return None
+        self._ensure_carry()
+        return self._sample_chunks(self._host.fns(mode), mode, num_timesteps, num_episodes,
+                                   force_reset)
+
+    def _carry_capturable(self) -> None:
+        if self._host is not None:
+            raise ValueError(
+                "The 'env_runner_carry' state component is not available for a host "
+                f"multi-agent env ({self.env_name!r}): its state lives in Python objects. "
+                "get_state() gives the weights and the step counters.")
+
+    def stop(self) -> None:
+        if self._host is not None:
+            self._host.close()
+        super().stop()
 
     def _check_env_traces(self, env, env_params, agents, act_spaces_gx, name) -> None:
         key = jax.random.key(0)

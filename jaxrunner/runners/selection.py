@@ -8,7 +8,9 @@ plus the env's own kind.
    several policies, or one not named "default_policy");
 3. `MultiAgentEnvRunner` when the env is a multi-agent env (`env_kind(config)`), so
    `environment("MultiAgentCartPole-v1")` or `"TicTacToe-v0"` works without
-   `multi_agent()` (every agent then maps to "default_policy");
+   `multi_agent()` (every agent then maps to "default_policy"); this includes host
+   multi-agent envs (an RLlib `MultiAgentEnv` or PettingZoo env, as an instance, a
+   class, a creator or a registered name);
 4. `SingleAgentEnvRunner` otherwise.
 """
 
@@ -26,8 +28,9 @@ logger = logging.getLogger(__name__)
 
 def _close_host_env(env: Any) -> None:
     from jaxrunner.envs.gymnasium_env import is_host_env
+    from jaxrunner.envs.host_multi_agent import is_host_multi_agent_env
 
-    if is_host_env(env):
+    if is_host_env(env) or is_host_multi_agent_env(env):
         try:
             env.close()
         except Exception as error:  # noqa: BLE001 - only probed; the runner builds its own
@@ -57,11 +60,15 @@ def env_kind(config: RunnerConfig) -> str:
         if spec in multi_agent.BUILTIN_MULTI_AGENT_ENVS and (
                 registry.registered_env_creator(spec) is multi_agent.BUILTIN_MULTI_AGENT_ENVS[spec]):
             return MULTI_AGENT
-        creator = registry.registered_env_creator(spec)
+        from jaxrunner.envs.host_multi_agent import creator_for_name
+
+        creator = creator_for_name(spec)  # jaxrunner's registry, then Ray Tune's
         if creator is None:
             return SINGLE_AGENT  # a gymnax id, "gymnasium:<id>" or an unknown name
     elif hasattr(spec, "step") and hasattr(spec, "reset") and not isinstance(spec, type):
         return env_kind_of(spec)
+    elif isinstance(spec, type) and env_kind_of(spec) == MULTI_AGENT:
+        return MULTI_AGENT  # an RLlib MultiAgentEnv or PettingZoo class: not probed
     elif callable(spec):
         creator = spec
     else:
@@ -75,7 +82,7 @@ def env_kind(config: RunnerConfig) -> str:
                      type(error).__name__, error)
         return SINGLE_AGENT
     kind = env_kind_of(result)
-    if kind == SINGLE_AGENT:
+    if kind == SINGLE_AGENT or not isinstance(result, tuple):
         _close_host_env(result[0] if isinstance(result, tuple) and result else result)
     return kind
 
