@@ -190,3 +190,14 @@ def test_distributed_env_runner(ray_session):
             assert (name == "AsyncVectorEnv") == remote, (env, name)
     for actor in actors:
         ray.kill(actor)
+
+
+def test_a_group_resolves_a_tune_name(ray_session):
+    """The group's up-front name check knows Tune names (its local runner samples one)."""
+    from jaxrunner.distributed import EnvRunnerGroup
+
+    group = EnvRunnerGroup(config=_rllib_config(TUNE_NAME, num_envs=2, fragment=8))
+    try:
+        assert group.sample(num_timesteps=16)[0].env_steps >= 16
+    finally:
+        group.stop()

@@ -47,7 +47,7 @@ from jaxrunner.distributed.remote_runner import (
 from jaxrunner.distributed.sample_args import check_sample_args
 from jaxrunner.envs import registry
 from jaxrunner.envs.context import EnvContext
-from jaxrunner.envs.gymnasium_env import GYMNASIUM_PREFIX, resolve_env
+from jaxrunner.envs.gymnasium_env import ENVPOOL_PREFIX, GYMNASIUM_PREFIX, resolve_env
 from jaxrunner.envs.multi_agent import JAXMARL_PREFIX
 from jaxrunner.fork_warning import ignore_subprocess_fork_warning
 from jaxrunner.metrics import keys
@@ -109,13 +109,14 @@ def _check_env_name(config: RunnerConfig) -> None:
         raise ValueError(
             "No env is configured: call config.environment(env=...) with a gymnax id (e.g. "
             "'CartPole-v1'), a name given to jaxrunner.register_env, or a creator.")
-    if isinstance(env, str) and env.startswith(GYMNASIUM_PREFIX):
-        # A host (gymnasium) env: the id must be registered (resolving raises if not; the
-        # vector env itself is only built by the runners).
+    if isinstance(env, str) and env.startswith((GYMNASIUM_PREFIX, ENVPOOL_PREFIX)):
+        # A host (gymnasium / EnvPool) env: the id must be registered (resolving raises if
+        # not; the vector env itself is only built by the runners).
         resolve_env(env, EnvContext(config.env_config), 1)
     elif isinstance(env, str) and env.startswith(JAXMARL_PREFIX):
         pass  # a JaxMARL id: only the multi-agent runners resolve these (import jaxmarl)
     elif (isinstance(env, str) and env not in registry.registered_env_names()
+            and registry.tune_env_creator(env) is None  # Tune names resolve in runners
             and env not in registry.gymnax_env_ids(runnable_only=False)):
         registry.make_jax_env(env, EnvContext(config.env_config))  # raises the usual error
 
