@@ -7,11 +7,21 @@
 2. compiled path: gymnax CartPole-v1 at 4096 sub-envs with `check_finite` on vs off (no
    faults). Target: ratio on/off >= 0.95.
 
+3. vector backends (issue 18): on CartPole-v1 and MuJoCo HalfCheetah-v5, jaxrunner
+   `sample()` with `envpool:<id>` (EnvPool's C++ thread pool), `gymnasium:<id>` in
+   `gym_env_vectorize_mode="sync"` and `"async"` (spawned sub-processes), and RLlib's own
+   `SingleAgentEnvRunner` (gymnasium, sync; torch MLP) on the same env, sub-env count and
+   MLP. Ratios are EnvPool's speed over each other side. Target: EnvPool faster than
+   gymnasium sync and RLlib (ratio > 1).
+
 Sides are timed in alternating rounds; the ratio is the median of per-round wall-time ratios
 (CPU-time and best-round ratios are reported too: wall time is noisy on a shared machine).
 
     python benchmarks/host_env.py [--host-envs 128] [--compiled-envs 4096]
+                                  [--vector-envs 8] [--skip host|compiled|vector]
                                   [--output benchmarks/results/host_env.json]
+
+The machine is shared while this runs: `load_average_at_start/end` are in the JSON.
 """
 
 from __future__ import annotations
@@ -31,10 +41,12 @@ from jaxrunner.config import RunnerConfig  # noqa: E402
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner  # noqa: E402
 
 
-def make_jaxrunner(env: str, num_envs: int, steps_per_call: int, hiddens, **fault_kwargs):
+def make_jaxrunner(env: str, num_envs: int, steps_per_call: int, hiddens,
+                   vectorize_mode: str = "sync", **fault_kwargs):
     config = (RunnerConfig().environment(env)
               .env_runners(num_envs_per_env_runner=num_envs,
-                           rollout_fragment_length=max(1, steps_per_call // num_envs))
+                           rollout_fragment_length=max(1, steps_per_call // num_envs),
+                           gym_env_vectorize_mode=vectorize_mode)
               .rl_module(model_config={"fcnet_hiddens": list(hiddens)})
               .fault_tolerance(**fault_kwargs)
               .debugging(seed=0))
@@ -151,6 +163,33 @@ def compiled_case(num_envs: int, vector_steps: int, rounds: int, hiddens) -> dic
     return case
 
 
+def vector_case(env_id: str, num_envs: int, vector_steps: int, rounds: int, hiddens) -> dict:
+    """EnvPool vs gymnasium sync vs async vs RLlib on one env (see the module docstring)."""
+    steps = num_envs * vector_steps
+    sides, first = {}, {}
+    for name, spec, mode in (("jaxrunner_envpool", f"envpool:{env_id}", "sync"),
+                             ("jaxrunner_gymnasium_sync", f"gymnasium:{env_id}", "sync"),
+                             ("jaxrunner_gymnasium_async", f"gymnasium:{env_id}", "async")):
+        sides[name], first[name] = make_jaxrunner(spec, num_envs, steps, hiddens, mode)
+    logging.disable(logging.WARNING)  # RLlib's construction warnings
+    try:
+        sides["rllib"], first["rllib"] = make_rllib(env_id, num_envs, steps, hiddens,
+                                                    torch_threads=1)
+    finally:
+        logging.disable(logging.NOTSET)
+    others = tuple(n for n in sides if n != "jaxrunner_envpool")
+    case = {"case": f"vector_backends_{env_id}", "env": env_id, "num_envs": num_envs,
+            "steps_per_call": steps,
+            **_summary(_alternate(sides, rounds), steps, "jaxrunner_envpool", others),
+            "first_sample_s": first,
+            "target": "EnvPool faster than gymnasium sync and RLlib (ratio > 1)"}
+    # ratio_to[x] = time(x) / time(envpool): how many times faster EnvPool is than x.
+    case["ratio"] = min(case["ratio_to"][n]["wall_median"]
+                        for n in ("jaxrunner_gymnasium_sync", "rllib"))
+    case["meets_target"] = case["ratio"] > 1.0
+    return case
+
+
 def _torch_threads() -> int:
     import torch
 
@@ -164,7 +203,10 @@ def main() -> None:
     parser.add_argument("--compiled-envs", type=int, default=4096)
     parser.add_argument("--compiled-vector-steps", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--skip", choices=["host", "compiled"], action="append", default=[])
+    parser.add_argument("--vector-envs", type=int, default=8)
+    parser.add_argument("--vector-steps", type=int, default=50)
+    parser.add_argument("--skip", choices=["host", "compiled", "vector"], action="append",
+                        default=[])
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
                                                          "host_env.json"))
     args = parser.parse_args()
@@ -193,6 +235,16 @@ def main() -> None:
               f"{case['median_steps_per_s']['check_finite_off']:,.0f} steps/s, ratio "
               f"{case['ratio']:.3f} (CPU time {ratios['cpu_median']:.3f}, best rounds "
               f"{ratios['wall_best']:.3f})", flush=True)
+    if "vector" not in args.skip:
+        for env_id in ("CartPole-v1", "HalfCheetah-v5"):
+            case = vector_case(env_id, args.vector_envs, args.vector_steps, args.rounds,
+                               hiddens)
+            results["cases"].append(case)
+            speed = case["median_steps_per_s"]
+            print(f"{env_id} x{args.vector_envs}: " + ", ".join(
+                f"{k} {v:,.0f} steps/s" for k, v in speed.items()) + "; EnvPool over " +
+                ", ".join(f"{k} {v['wall_median']:.2f}x" for k, v in case["ratio_to"].items()),
+                flush=True)
     results["load_average_at_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     if args.skip and os.path.exists(args.output):
