@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 
 import pytest
 
@@ -49,7 +50,7 @@ def _num_images(notebook) -> int:
 def test_notebooks__all_listed():
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == [
         "00_quickstart.ipynb", "01_ppo_cartpole.ipynb", "02_distributed.ipynb",
-        "03_custom_env.ipynb"]
+        "03_custom_env.ipynb", "04_ppo_env_suites.ipynb"]
 
 
 @pytest.mark.timeout(900)
@@ -85,4 +86,18 @@ def test_notebook__03_custom_env():
     text = _text(notebook)
     assert "random policy: mean return" in text and "trained policy: mean return" in text
     assert "cannot be traced by JAX" in text
+    assert _num_images(notebook) == 1
+
+
+@pytest.mark.timeout(900)
+def test_notebook__04_ppo_env_suites():
+    pytest.importorskip("brax")
+    pytest.importorskip("navix")
+    notebook = _run("04_ppo_env_suites.ipynb")
+    text = _text(notebook)
+    for env in ("brax/inverted_pendulum", "navix/Navix-Empty-5x5-v0"):
+        assert f"{env}: 3 iterations, 1,536 env steps" in text  # 16 envs x 32 steps x 3
+        assert re.search(re.escape(env) + r": \d+ terminated, \d+ truncated of \d+ finished",
+                         text), text
+    assert "mean return None" not in text  # both finished episodes while training
     assert _num_images(notebook) == 1
