@@ -27,6 +27,8 @@ RLLIB_DEFAULTS = {
     "env_runner_cls": None,
     "num_env_runners": 0,
     "create_env_on_local_worker": False,
+    "gym_env_vectorize_mode": "sync",  # RLlib's AlgorithmConfig defaults
+    "remote_worker_envs": False,
     "num_envs_per_env_runner": 1,
     "num_cpus_per_env_runner": 1,
     "num_gpus_per_env_runner": 0,
