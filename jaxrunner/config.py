@@ -197,6 +197,12 @@ _ENV = _optional("Any", "a registered name or gymnax id (str), a callable creato
                  lambda env: isinstance(env, str) or callable(env) or hasattr(env, "step"))
 
 
+def _custom_metrics(name, value):
+    from jaxrunner.callbacks import _coerce_custom_metrics
+
+    return _coerce_custom_metrics(name, value)
+
+
 # ---------------------------------------------------------------------- the rows
 @dataclasses.dataclass(frozen=True)
 class Setting:
@@ -320,6 +326,24 @@ _BUILDERS: dict[str, tuple[str, tuple]] = {
     "debugging": ("Sets the seed; runner `i` uses `seed + i` as RLlib does.", (
         ("seed", None, _scalar("int", none_ok=True), "base seed; None: no fixed seed."),
     )),
+    "callbacks": ("Sets callbacks with RLlib's event names (see docs/callbacks.md).", (
+        ("on_environment_created", None, _CALLABLE, "host: `(env_runner, metrics_logger, "
+         "env, env_context)` after each env (re)creation."),
+        ("on_episode_start", None, _CALLABLE, "device, one sub-env: `(start: EpisodeStart) "
+         "-> state` (a pytree of arrays) of a new episode."),
+        ("on_episode_step", None, _CALLABLE, "device, one sub-env: `(state, step: StepView) "
+         "-> state` at every env step (same structure, shapes, dtypes)."),
+        ("on_episode_end", None, _CALLABLE, "device, one sub-env: `(state, step) -> {name: "
+         "scalar}`, the episode's custom metrics; or `jaxrunner.on_host(fn)`: host "
+         "`(episode, env_runner, metrics_logger, env_index)` per finished episode (costs a "
+         "transfer of each batch)."),
+        ("on_sample_end", None, _CALLABLE, "host: `(env_runner, metrics_logger, samples)` "
+         "at the end of each `sample()`."),
+        ("custom_metrics", {}, _Check("dict | None", lambda name, value: _custom_metrics(
+            name, value)), "{name: 'mean' | 'min' | 'max' | 'sum' | MetricSpec | dict} how "
+         "on_episode_end's metrics reduce (default 'mean' over the episode window) "
+         "(jaxrunner)."),
+    )),
     "evaluation": ("Marks the config as an evaluation config.", (
         ("in_evaluation", False, _BOOL, "an evaluation config (seeds shift by 1e6)."),
     )),
@@ -426,6 +450,7 @@ class RunnerConfig:
     rl_module = _builder("rl_module")
     reporting = _builder("reporting")
     debugging = _builder("debugging")
+    callbacks = _builder("callbacks")
     evaluation = _builder("evaluation")
 
     def __init__(self):

@@ -53,6 +53,7 @@ class RolloutCarry:
     consecutive_failures: jax.Array  # (B,) int32: failed steps in a row on each sub-env
     vector_step: jax.Array  # () uint32: vector steps taken by this runner (mod 2**32)
     metrics: MetricRegisters
+    callbacks: Any = None  # core.callbacks.CallbackCarry with device callbacks, else None
 
 
 @struct.dataclass
@@ -106,3 +107,5 @@ class ChunkInfo:
     agent_steps: jax.Array | None = None  # () int32: agent steps completed in this chunk
     discarded_agent_steps: jax.Array | None = None  # () int32: of this call's failed episodes
     start_agent_len: jax.Array | None = None  # (B, A) int32
+    # With device callbacks only: (K,) float32 summed custom metrics of the counted episodes.
+    custom_metric_sums: jax.Array | None = None

@@ -24,7 +24,13 @@ fields `env`, `num_envs`, `chunk_len`, `lookback_len`, `metrics_window`, `check_
 `step_fns` (`autoreset.EnvStepFns`), `counts_agent_steps` (bool), `carry_cls`; methods
 `init_fields`, `reset_fields`, `act`, `outcome`, `after_step`, `record_counts`,
 `begin_chunk`, `decode`, `ring_input`, `after_ring`, `init_lookback`, `roll_lookback`,
-`info_extras`.
+`info_extras`; with device callbacks (`spec.callbacks`, see `jaxrunner.core.callbacks`)
+also `callback_view(carry, acted, outcome, info)`.
+
+Device callbacks, when the spec has them, run per step after `after_step` on the layout's
+`callback_view` (their state lives in `carry.callbacks`), their per-step metric values are
+one more scan output, and the counted episodes' values are written after the scan. When
+the spec has none, none of this is traced: the chunk is the same program.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrunner.core.autoreset import make_env_step
+from jaxrunner.core.callbacks import EpisodeStart, batched_info, per_env_struct
 from jaxrunner.core.carry import ChunkInfo, MetricRegisters
 from jaxrunner.core.faults import recreate_failed, step_failed
 from jaxrunner.core.ring import write_ring
@@ -112,6 +119,11 @@ class ChunkFns(NamedTuple):
     reset_carry: Callable[..., Any]  # (carry, env_params) -> carry
     init_lookback: Callable[..., Any]  # (carry, params, env_params) -> lookback
     chunk: Callable[..., tuple]  # -> (carry, lookback, trajectory, ChunkInfo)
+    # (carry, params, env_params) -> (carry, record): one vector step (for shape checks)
+    vector_step: Callable[..., tuple] | None = None
+    # (carry, params, env_params) -> the spec's device callbacks bound to the step view
+    # (their metric names read by tracing them once), or None without callbacks.
+    bound_callbacks: Callable[..., Any] | None = None
 
 
 def make_chunk_fns(layout: Any) -> ChunkFns:
@@ -121,6 +133,8 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
     step_fns = layout.step_fns
     vmapped_reset = jax.vmap(env.reset, in_axes=(0, None))
     env_step = make_env_step(step_fns, num_envs, spec.autoreset_mode, spec.partial_reset_ratio)
+    callbacks = getattr(spec, "callbacks", None)
+    bound: dict[str, Any] = {}  # the callbacks with their metric names, once traced
 
     def reset_all(key: jax.Array, env_params: Any):
         return strong_types(vmapped_reset(jax.random.split(key, num_envs), env_params))
@@ -128,7 +142,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
     def init_carry(key: jax.Array, params: Any, env_params: Any):
         key, reset_key, layout_key = jax.random.split(key, 3)
         obs, env_state = reset_all(reset_key, env_params)
-        return layout.carry_cls(
+        carry = layout.carry_cls(
             env_state=env_state, obs=obs, key=key,
             episode_count=jnp.zeros((num_envs,), jnp.int32),
             episode_len=jnp.zeros((num_envs,), jnp.int32),
@@ -136,6 +150,18 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             vector_step=jnp.zeros((), jnp.uint32),
             metrics=MetricRegisters.create(spec.metrics_window),
             **layout.init_fields(layout_key, obs, env_state, params, env_params))
+        if callbacks is not None:
+            carry = carry.replace(callbacks=bound_callbacks(carry, params, env_params).init(obs))
+        return carry
+
+    def bound_callbacks(carry: Any, params: Any, env_params: Any):
+        """The device callbacks bound to this layout's step view (traced once)."""
+        if "callbacks" not in bound:
+            view = jax.eval_shape(lambda c, p, e: one_step(c, p, e, None, True)[2], carry,
+                                  params, env_params)
+            bound["callbacks"] = callbacks.bind(EpisodeStart(obs=per_env_struct(carry.obs)),
+                                                per_env_struct(view))
+        return bound["callbacks"]
 
     def reset_carry(carry: Any, env_params: Any):
         """Restarts every sub-env; episodes in progress are abandoned (new ids)."""
@@ -144,9 +170,18 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         carry = carry.replace(env_state=env_state, obs=obs, key=key,
                               episode_count=carry.episode_count + 1,
                               episode_len=jnp.zeros_like(carry.episode_len))
+        if callbacks is not None:
+            carry = carry.replace(callbacks=callbacks.restart(carry.callbacks, obs))
         return carry.replace(**layout.reset_fields(carry, env_params))
 
     def vector_step(carry: Any, params: Any, env_params: Any):
+        new_carry, record, _, values = one_step(carry, params, env_params,
+                                                 bound.get("callbacks"), False)
+        return new_carry, (record if values is None else (record, values))
+
+    def one_step(carry: Any, params: Any, env_params: Any, cbs: Any, want_view: bool):
+        """One vector step: `(carry, record, callback view or None, (B, K) callback
+        values or None)`; the view is built only with `cbs` or `want_view`."""
         key, act_key, step_key = jax.random.split(carry.key, 3)
         env_actions, acted = layout.act(params, carry, act_key, env_params)
         next_obs, env_state, reward, terminated, truncated, info = env_step(
@@ -167,6 +202,12 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
                               all_terminated=all_terminated, all_truncated=all_truncated,
                               failed=failed, ended=ended)
         fields, record = layout.after_step(carry, acted, outcome, env_params)
+        view = values = None
+        if cbs is not None or want_view:
+            view = layout.callback_view(carry, acted, outcome,
+                                        batched_info(info, num_envs))
+        if cbs is not None:
+            fields["callbacks"], values = cbs.step(carry.callbacks, view, ended, next_obs)
         new_carry = carry.replace(
             env_state=env_state, obs=next_obs, key=key,
             episode_count=carry.episode_count + ended.astype(jnp.int32),
@@ -174,10 +215,11 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             consecutive_failures=jnp.where(failed, carry.consecutive_failures + 1, 0),
             vector_step=carry.vector_step + jnp.uint32(1),
             **fields)
-        return new_carry, record
+        return new_carry, record, view, values
 
     def init_lookback(carry: Any, params: Any, env_params: Any):
-        _, record = jax.eval_shape(vector_step, carry, params, env_params)
+        _, record, _, _ = jax.eval_shape(lambda c, p, e: one_step(c, p, e, None, False),
+                                         carry, params, env_params)
         return layout.init_lookback(record)
 
     def chunk(carry: Any, lookback: Any, params: Any, env_params: Any, num_steps: jax.Array,
@@ -190,17 +232,21 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         the steps within the call count as discarded)."""
         carry = layout.begin_chunk(carry, call_step_offset)
         start = carry
-        _, record_shape = jax.eval_shape(vector_step, carry, params, env_params)
+        cbs = None if callbacks is None else bound_callbacks(carry, params, env_params)
+        _, record_shape, _, values_shape = jax.eval_shape(
+            lambda c, p, e: one_step(c, p, e, cbs, False), carry, params, env_params)
         counts_agents = layout.counts_agent_steps
 
         def step(loop):
             c, episodes_done, agent_steps_done = loop
-            c, record = vector_step(c, params, env_params)
+            c, record, _, values = one_step(c, params, env_params, cbs, False)
             episodes, agent_steps = layout.record_counts(record)
             episodes_done = episodes_done + episodes
             if counts_agents:
                 agent_steps_done = agent_steps_done + agent_steps
-            return (c, episodes_done, agent_steps_done), record.replace(valid=None)
+            out = record.replace(valid=None)
+            return (c, episodes_done, agent_steps_done), (out if cbs is None
+                                                          else (out, values))
 
         def keep_going(t, loop):
             _, episodes_done, agent_steps_done = loop
@@ -208,9 +254,13 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             return go & (agent_steps_done < agent_steps_limit) if counts_agents else go
 
         zero = jnp.zeros((), jnp.int32)
+        buffers_shape = record_shape.replace(valid=None)
+        if cbs is not None:
+            buffers_shape = (buffers_shape, values_shape)
         steps_taken, (carry, _, agent_steps_done), records = scan_while(
-            step, (carry, zero, zero), record_shape.replace(valid=None), spec.chunk_len,
-            keep_going)
+            step, (carry, zero, zero), buffers_shape, spec.chunk_len, keep_going)
+        if cbs is not None:
+            records, callback_values = records
         traj = layout.decode(records.replace(
             valid=jnp.arange(spec.chunk_len, dtype=jnp.int32) < steps_taken), start)
         steps_in_call = call_step_offset + 1 + jnp.arange(spec.chunk_len, dtype=jnp.int32)
@@ -221,6 +271,11 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             end_episode_len=carry.episode_len, steps_in_call=steps_in_call)
         carry = layout.after_ring(carry.replace(metrics=update.registers), traj, start,
                                   update)
+        extras = layout.info_extras(start, carry, traj, agent_steps_done)
+        if cbs is not None:
+            part, extras["custom_metric_sums"] = cbs.write(
+                carry.callbacks, layout.ring_input(traj), callback_values, episodes_limit)
+            carry = carry.replace(callbacks=part)
         lookback = layout.roll_lookback(lookback, traj, steps_taken)
         failed = traj.failed & traj.valid[:, None]
         any_failed = jnp.any(failed)
@@ -234,11 +289,12 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
                          first_failure_step=jnp.where(any_failed, first // num_envs, -1),
                          first_failure_env=jnp.where(any_failed, first % num_envs, -1),
                          max_consecutive_failures=jnp.max(carry.consecutive_failures),
-                         **layout.info_extras(start, carry, traj, agent_steps_done))
+                         **extras)
         return carry, lookback, traj, info
 
     return ChunkFns(init_carry=init_carry, reset_carry=reset_carry,
-                    init_lookback=init_lookback, chunk=chunk)
+                    init_lookback=init_lookback, chunk=chunk, vector_step=vector_step,
+                    bound_callbacks=None if callbacks is None else bound_callbacks)
 
 
 __all__ = ["ChunkFns", "POLICY_MODES", "StepOutcome", "check_policy_mode", "make_chunk_fns",

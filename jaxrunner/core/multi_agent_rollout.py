@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrunner.core.autoreset import EnvStepFns
+from jaxrunner.core.callbacks import StepView
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.chunk import ChunkFns, check_policy_mode, make_chunk_fns
 from jaxrunner.core.lookback import gather_last, last_positions, zeros_like_steps
@@ -79,6 +80,7 @@ class MultiAgentCarry:
     # Recurrent modules' state: {module_id: leaves (K * B, ...)}, the rows of the K agents
     # that can map to the module stacked agent-major (as the module's input batch).
     module_state: dict
+    callbacks: Any = None  # core.callbacks.CallbackCarry with device callbacks, else None
 
 
 @struct.dataclass
@@ -182,6 +184,7 @@ class MultiAgentRolloutSpec:
     autoreset_mode: str = "gymnax"  # "gymnax" (env.step resets) or "partial"
     partial_reset_ratio: int = 16  # "partial": ceil(B / ratio) resets computed per step
     restart_failed_sub_environments: bool = False  # recreate failed sub-envs in the scan
+    callbacks: Any = None  # core.callbacks.DeviceCallbacks, or None (none traced)
 
     @property
     def agent_ids(self) -> tuple[str, ...]:
@@ -492,6 +495,20 @@ class MultiAgentLayout:
             module_index=None if self.spec.mapping.is_static else carry.module_index,
             valid=jnp.ones((), jnp.bool_))
         return fields, record
+
+    def callback_view(self, carry: MultiAgentCarry, acted, step, info) -> StepView:
+        """Per-agent dicts (the episode's flags under "__all__"); see `StepView`."""
+        actions, extras, _ = acted
+        agents = self.agents
+        per_agent = lambda x: {a: x[:, i] for i, a in enumerate(agents)}  # noqa: E731
+        terminated = {**per_agent(step.terminated), ALL: step.all_terminated}
+        truncated = {**per_agent(step.truncated), ALL: step.all_truncated}
+        return StepView(obs=carry.obs, action=dict(actions), reward=per_agent(step.reward),
+                        terminated=terminated, truncated=truncated, next_obs=step.final_obs,
+                        info=info, extra_model_outputs={
+                            a: {k: v for k, v in extras[a].items() if k != "state_out"}
+                            for a in agents},
+                        acting=per_agent(carry.acting))
 
     @staticmethod
     def record_counts(record: _StepRecord):

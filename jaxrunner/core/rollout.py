@@ -23,6 +23,7 @@ import numpy as np
 from jaxrunner.connectors.base import ConnectorContext
 from jaxrunner.core.autoreset import (AUTORESET_MODES, check_partial_autoreset_env,
                                       gymnax_step_fns)
+from jaxrunner.core.callbacks import StepView
 from jaxrunner.core.carry import ChunkInfo, Lookback, RolloutCarry, Trajectory
 from jaxrunner.core.chunk import (POLICY_MODES, ChunkFns, check_policy_mode, make_chunk_fns,
                                   scan_while)
@@ -53,6 +54,7 @@ class RolloutSpec:
     autoreset_mode: str = "gymnax"  # "gymnax" (reset every step, select) or "partial"
     partial_reset_ratio: int = 16  # "partial": ceil(B / ratio) resets computed per step
     restart_failed_sub_environments: bool = False  # recreate failed sub-envs in the scan
+    callbacks: Any = None  # core.callbacks.DeviceCallbacks, or None (none traced)
 
 
 def sample_action_space(space: gym.spaces.Space, key: jax.Array, batch: int) -> jax.Array:
@@ -252,6 +254,15 @@ class SingleAgentLayout:
             final_obs=step.final_obs, extra_model_outputs=extras, episode_return=None,
             episode_len=None, failed=step.failed, valid=jnp.ones((), jnp.bool_))
         return fields, record
+
+    @staticmethod
+    def callback_view(carry: RolloutCarry, acted, step, info) -> StepView:
+        actions, extras, _, _ = acted
+        return StepView(obs=carry.obs, action=actions, reward=step.reward,
+                        terminated=step.all_terminated, truncated=step.all_truncated,
+                        next_obs=step.final_obs, info=info,
+                        extra_model_outputs={k: v for k, v in extras.items()
+                                             if k != "state_out"})
 
     @staticmethod
     def record_counts(record: Trajectory):

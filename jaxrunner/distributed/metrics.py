@@ -9,17 +9,23 @@ runners, never a mean of per-runner means. Counters since the last call are summ
 agent and per module too); timers are averaged over runners; lifetime counters are kept
 by the group (`GroupCounters`) as sums of those per-call counts, so a restarted runner
 that starts counting from its restored value neither loses nor double-counts steps.
+Custom metrics (device callbacks and host `log_value`s, `window["custom_metrics"]`) merge
+by `jaxrunner.metrics.custom.merge_exports`: pooled windows, summed per-call sums.
+
+Also RLlib's two Ray metrics counters of an env runner (`RayStepCounters`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any, Sequence
 
 import numpy as np
 
 from jaxrunner.metrics import keys
+from jaxrunner.metrics.custom import merge_exports
 from jaxrunner.metrics.logger import episode_window_metrics
 
 _SUMMED = (keys.NUM_ENV_STEPS_SAMPLED, keys.NUM_EPISODES, keys.NUM_ENV_STEPS_DISCARDED,
@@ -36,6 +42,7 @@ class GroupCounters:
     env_steps_discarded: int = 0
     agent_steps: dict[str, int] = dataclasses.field(default_factory=dict)  # {agent_id: steps}
     module_steps: dict[str, int] = dataclasses.field(default_factory=dict)  # {module_id: steps}
+    custom: dict[str, float] = dataclasses.field(default_factory=dict)  # {metric: lifetime sum}
     last_time: float = dataclasses.field(default_factory=time.perf_counter)
 
 
@@ -120,10 +127,60 @@ def aggregate(parts: Sequence[tuple[dict[str, Any], dict[str, Any]]],
         values = [m[key] for m in metrics if key in m]
         if values:
             out[key] = float(np.mean(values))
+    exports = [w["custom_metrics"] for _, w in parts if w.get("custom_metrics")]
+    if exports:
+        out.update(merge_exports(exports, counters.custom))
     seqs = [m[keys.WEIGHTS_SEQ_NO] for m in metrics if keys.WEIGHTS_SEQ_NO in m]
     if seqs:
         out[keys.WEIGHTS_SEQ_NO] = max(seqs)
     return out
 
 
-__all__ = ["GroupCounters", "aggregate", "merge_windows"]
+
+
+# ---------------------------------------------------------------------- Ray metrics
+TRY_ENV_STEP_COUNTER = "rllib_env_runner_num_try_env_step_counter"
+ENV_STEPS_SAMPLED_COUNTER = "rllib_env_runner_num_env_steps_sampled_counter"
+
+
+class RayStepCounters:
+    """RLlib's two EnvRunner counters (`ray.util.metrics.Counter`, exported by Ray's
+    metrics agent as Prometheus counters), tagged `rllib=<runner class name>`:
+    `rllib_env_runner_num_try_env_step_counter` counts `env.step()` calls attempted (one
+    per vector step of the sub-envs, as RLlib counts its vector env's steps) and
+    `rllib_env_runner_num_env_steps_sampled_counter` the env steps sampled."""
+
+    def __init__(self, runner_class_name: str):
+        from ray.util.metrics import Counter
+
+        tags = {"rllib": runner_class_name}
+        self.try_env_step = Counter(
+            TRY_ENV_STEP_COUNTER,
+            description="Number of env.step() calls attempted in this Env Runner.",
+            tag_keys=("rllib",))
+        self.try_env_step.set_default_tags(tags)
+        self.env_steps_sampled = Counter(
+            ENV_STEPS_SAMPLED_COUNTER,
+            description="Number of env steps sampled in this Env Runner.",
+            tag_keys=("rllib",))
+        self.env_steps_sampled.set_default_tags(tags)
+
+    def record(self, *, vector_steps: int, env_steps: int) -> None:
+        """Books one `sample()` call."""
+        if vector_steps > 0:
+            self.try_env_step.inc(vector_steps)
+        if env_steps > 0:
+            self.env_steps_sampled.inc(env_steps)
+
+
+def ray_step_counters(runner_class_name: str) -> RayStepCounters | None:
+    """The counters when this process has Ray initialised (a group actor always has),
+    else None. Never imports Ray itself: a process that did not import Ray has none."""
+    ray = sys.modules.get("ray")
+    if ray is None or not getattr(ray, "is_initialized", lambda: False)():
+        return None
+    return RayStepCounters(runner_class_name)
+
+
+__all__ = ["ENV_STEPS_SAMPLED_COUNTER", "GroupCounters", "RayStepCounters",
+           "TRY_ENV_STEP_COUNTER", "aggregate", "merge_windows", "ray_step_counters"]

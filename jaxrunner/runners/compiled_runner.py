@@ -20,6 +20,7 @@ import hashlib
 import logging
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -28,11 +29,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner.callbacks import RunnerCallbacks, device_callbacks
 from jaxrunner.config import RunnerConfig
+from jaxrunner.core.callbacks import CallbackError
 from jaxrunner.core.ring import NO_EPISODE_LIMIT
 from jaxrunner.core.faults import FAILURE_INFO_KEY
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.errors import SampleArgumentError, StateStructureError
+from jaxrunner.metrics.custom import DeviceMetrics
 from jaxrunner.runners.env_runner import EnvRunner
 from jaxrunner.runners.sharding import make_env_mesh, replicate, shard_carry
 from jaxrunner.structure import check_finite_tree, check_same_structure
@@ -180,11 +184,43 @@ class CompiledEnvRunner(EnvRunner):
         self._stopped = False
         self._failures_this_call = 0
         self._mesh = make_env_mesh(self.num_envs, cfg.shard_envs_across_devices)
+        self._device_callbacks = device_callbacks(cfg)
+        self._device_metrics: DeviceMetrics | None = None
+        self._callbacks = RunnerCallbacks(cfg)
+        self._ray_counters = None
         self._init_fields()
         if (worker_index is None or worker_index > 0 or cfg.create_env_on_local_worker
                 or cfg.num_env_runners == 0):
             self.make_env()
+            self._env_created()
         self.make_module()
+        self._bind_callbacks()
+
+    # ------------------------------------------------------------------ callbacks
+    def _env_created(self) -> None:
+        """Calls the host `on_environment_created` callback for the env just built."""
+        self._callbacks.environment_created(self, self.env, self._env_context())
+
+    def _bind_callbacks(self) -> None:
+        """Traces the device callbacks on this runner's step view (raises
+        `CallbackError` naming the callback) and sets up their host metrics."""
+        if self._device_callbacks is None or self.env is None or self.module is None:
+            return
+        if not self._carry_is_capturable():
+            raise CallbackError(
+                f"Device callbacks (config.callbacks(on_episode_end=...)) run inside the "
+                f"compiled rollout, but the env {self.env_name!r} is stepped on the host. "
+                "Use a host callback instead: on_episode_end=jaxrunner.on_host(fn) or "
+                "on_sample_end.")
+        fns = self._rollout_fns("explore")
+        carry = jax.eval_shape(fns.init_carry, jax.random.key(0), self._params,
+                               self.env_params)
+        names = fns.bound_callbacks(carry, self._params, self.env_params).names
+        cfg = self.config
+        if self._device_metrics is None or self._device_metrics.names != names:
+            self._device_metrics = DeviceMetrics(names, self._device_callbacks.custom_metrics,
+                                                 cfg.metrics_window, cfg.num_env_runners)
+            self._callbacks = RunnerCallbacks(cfg, reserved=names)
 
     # ------------------------------------------------------------------ hooks
     def _init_fields(self) -> None:
@@ -342,13 +378,25 @@ class CompiledEnvRunner(EnvRunner):
                         ) from error
                     logger.exception("XLA runtime error while sampling; recreating the env.")
                     self.make_env()
+                    self._env_created()
                     fns = self._fns(mode)
                     force_reset = True
         batch, vector_steps, env_steps, discarded = result
         metrics.record_sample(vector_steps=vector_steps, env_steps=env_steps,
                               discarded_env_steps=discarded, start_time=start_time,
                               end_time=time.perf_counter())
+        self._record_ray_counters(vector_steps, env_steps)
+        self._callbacks.sample_end(self, batch)
         return batch
+
+    def _record_ray_counters(self, vector_steps: int, env_steps: int) -> None:
+        """RLlib's Ray counters, when this process has Ray initialised."""
+        if self._ray_counters is None and "ray" in sys.modules:
+            from jaxrunner.distributed.metrics import ray_step_counters
+
+            self._ray_counters = ray_step_counters(type(self).__name__)
+        if self._ray_counters is not None:
+            self._ray_counters.record(vector_steps=vector_steps, env_steps=env_steps)
 
     def _sample_chunks(self, fns, mode, num_timesteps, num_episodes, force_reset):
         """Runs compiled chunks until the call's size is reached; returns the batch and
@@ -441,6 +489,8 @@ class CompiledEnvRunner(EnvRunner):
             self._carry, self._lookback, self._params, self.env_params, np.int32(num_steps),
             np.int32(episodes_limit), np.int32(agent_steps_limit), np.int32(call_offset))
         self._carry, self._lookback = carry, lookback
+        if info.custom_metric_sums is not None:
+            self._device_metrics.add_chunk_sums(info.custom_metric_sums)
         chunks.append(traj)
         infos.append(info)
         return info
@@ -508,7 +558,34 @@ class CompiledEnvRunner(EnvRunner):
         general.weights_seq_no = self._weights_seq_no
         metrics = self._reduce_metrics()
         self.num_env_steps_sampled_lifetime = general.env_steps_lifetime
+        if self._device_metrics is not None:
+            metrics.update(self._device_metrics.reduce(self._custom_registers()))
+        metrics.update(self._callbacks.logger.reduce())
         return metrics
+
+    def _custom_registers(self) -> Any:
+        """Host copies of the device custom-metric ring, with the chunks' pending sums
+        absorbed (one transfer)."""
+        dm = self._device_metrics
+        if self._carry is None or getattr(self._carry, "callbacks", None) is None:
+            dm.absorb([])
+            return _empty_custom_registers(len(dm.names))
+        registers, sums = jax.device_get((self._carry.callbacks.registers, dm.pending()))
+        dm.absorb(sums)
+        return registers
+
+    def _custom_metrics_window(self) -> dict[str, Any]:
+        """`get_metrics_window()["custom_metrics"]`: every custom metric's window values
+        and the sum reported as new by the latest `get_metrics()` (see
+        `jaxrunner.metrics.custom`)."""
+        out = {}
+        if self._device_metrics is not None:
+            out.update(self._device_metrics.exports(jax.device_get(
+                self._carry.callbacks.registers) if self._carry is not None
+                and getattr(self._carry, "callbacks", None) is not None
+                else _empty_custom_registers(len(self._device_metrics.names))))
+        out.update(self._callbacks.logger.exports())
+        return out
 
     # ------------------------------------------------------------------ state
     def get_state(self, components: Any = None, *, not_components: Any = None,
@@ -560,11 +637,17 @@ class CompiledEnvRunner(EnvRunner):
         if selected(COMPONENT_CARRY) and self.env is not None:
             self._carry_capturable()
             self._ensure_carry()
+            if self._device_metrics is not None:
+                self._device_metrics.absorb(jax.device_get(self._device_metrics.pending()))
             carry, lookback = jax.device_get((keys_to_data(self._carry), self._lookback))
             state[COMPONENT_CARRY] = {
                 "carry": carry, "lookback": lookback, "needs_reset": self._needs_reset,
                 "key_impl": str(jax.random.key_impl(self._carry.key)),
                 "metrics": self._metrics.get_state(),
+                "custom_metrics": {
+                    "device": (self._device_metrics.get_state()
+                               if self._device_metrics is not None else None),
+                    "host": self._callbacks.logger.get_state()},
             }
         return state
 
@@ -637,6 +720,11 @@ class CompiledEnvRunner(EnvRunner):
             self._carry, self._lookback = new_carry
             self._needs_reset = bool(carry_state["needs_reset"])
             self._metrics.set_state(carry_state["metrics"])
+            custom = carry_state.get("custom_metrics") or {}
+            if custom.get("device") is not None and self._device_metrics is not None:
+                self._device_metrics.set_state(custom["device"])
+            if custom.get("host") is not None:
+                self._callbacks.logger.set_state(custom["host"])
         if connector_updates:
             states = list(self._carry.connector_state)
             for index, value in connector_updates.items():
@@ -681,3 +769,9 @@ __all__ = ["ALL_COMPONENTS", "COMPONENT_CARRY", "COMPONENT_ENV_TO_MODULE_CONNECT
            "COMPONENT_MODULE_TO_ENV_CONNECTOR", "COMPONENT_RL_MODULE", "CompiledEnvRunner",
            "DEFAULT_COMPONENTS", "STATE_KEYS", "check_module_fits", "check_sample_args",
            "keys_to_data"]
+
+
+def _empty_custom_registers(num_metrics: int) -> Any:
+    from jaxrunner.core.callbacks import CustomRegisters
+
+    return jax.device_get(CustomRegisters.create(1, num_metrics))

@@ -314,7 +314,8 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
                 for a in self._agent_ids},
             check_finite=cfg.check_finite, autoreset_mode=cfg.autoreset_mode,
             partial_reset_ratio=cfg.partial_reset_ratio,
-            restart_failed_sub_environments=cfg.restart_failed_sub_environments)
+            restart_failed_sub_environments=cfg.restart_failed_sub_environments,
+            callbacks=self._device_callbacks)
 
     def _rollout_fns(self, mode: str):
         return make_multi_agent_rollout_fns(self._spec(), mode)
@@ -408,6 +409,7 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             window["agent_episode_return"] = {a: np.zeros(0, np.float64)
                                               for a in self._agent_ids}
             window["module_episode_return"] = {m: np.zeros(0, np.float64) for m in module_ids}
+            window["custom_metrics"] = self._custom_metrics_window()
             return window
         general, agents, modules = jax.device_get(
             (self._carry.metrics, self._carry.agent_metrics, self._carry.module_metrics))
@@ -420,6 +422,7 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         window = self._metrics.general.window_values(general)
         window["agent_episode_return"] = rows(agents, self._agent_ids)
         window["module_episode_return"] = rows(modules, module_ids)
+        window["custom_metrics"] = self._custom_metrics_window()
         return window
 
     # ------------------------------------------------------------------ state

@@ -229,6 +229,7 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
             autoreset_mode=self.config.autoreset_mode,
             partial_reset_ratio=self.config.partial_reset_ratio,
             restart_failed_sub_environments=self.config.restart_failed_sub_environments,
+            callbacks=self._device_callbacks,
         )
         return make_rollout_fns(spec, mode)
 
@@ -303,7 +304,9 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
         `EnvRunnerGroup.get_metrics()` merges these windows so that means are taken over
         all runners' episodes, not averaged per runner. Changes nothing (no reduce).
         """
-        return self._metrics.window_values(self._registers())
+        window = self._metrics.window_values(self._registers())
+        window["custom_metrics"] = self._custom_metrics_window()
+        return window
 
     # ------------------------------------------------------------------ state
     def _load_weights(self, weights: Any) -> Any:
