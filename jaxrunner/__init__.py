@@ -16,8 +16,13 @@ Quickstart::
 local runner need no Ray installed.
 """
 
+from jaxrunner.callbacks import on_host as on_host
 from jaxrunner.compilation_cache import enable_compilation_cache as enable_compilation_cache
 from jaxrunner.config import RunnerConfig as RunnerConfig
+from jaxrunner.core.callbacks import CallbackError as CallbackError
+from jaxrunner.core.callbacks import EpisodeStart as EpisodeStart
+from jaxrunner.core.callbacks import MetricSpec as MetricSpec
+from jaxrunner.core.callbacks import StepView as StepView
 from jaxrunner.core.faults import mark_step_failed as mark_step_failed
 from jaxrunner.envs.context import EnvContext as EnvContext
 from jaxrunner.envs.registry import register_env as register_env
@@ -29,6 +34,7 @@ from jaxrunner.episodes.single_agent_episode import SingleAgentEpisode as Single
 from jaxrunner.errors import SampleArgumentError as SampleArgumentError
 from jaxrunner.errors import StateStructureError as StateStructureError
 from jaxrunner.errors import StepFailedRecreateEnvError as StepFailedRecreateEnvError
+from jaxrunner.metrics.custom import MetricsLogger as MetricsLogger
 from jaxrunner.fork_warning import ignore_subprocess_fork_warning as _ignore_fork_warning
 from jaxrunner.modules.multi_rl_module import MultiRLModule as MultiRLModule
 from jaxrunner.modules.recurrent import GRUModule as GRUModule
@@ -71,6 +77,12 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CallbackError",
+    "EpisodeStart",
+    "MetricSpec",
+    "MetricsLogger",
+    "StepView",
+    "on_host",
     "DefaultMLPModule",
     "EnvContext",
     "EnvRunner",

@@ -89,6 +89,13 @@ def _coerce_custom_metrics(name: str, value: Any) -> dict[str, MetricSpec]:
     return out
 
 
+def env_index_of(episode: Any) -> int:
+    """The sub-env an episode ran on: its `env_index`, else read from its id (a runner
+    prefix, the sub-env index as 5 hex digits, the episode counter as 8)."""
+    index = getattr(episode, "env_index", None)
+    return int(index) if index is not None else int(episode.id_[-13:-8], 16)
+
+
 class RunnerCallbacks:
     """The host half of a runner's callbacks: its `MetricsLogger` and the host calls."""
 
@@ -105,13 +112,13 @@ class RunnerCallbacks:
     def sample_end(self, runner: Any, batch: Any) -> None:
         end = self.config.on_episode_end
         if isinstance(end, HostCallback):
-            for index, episode in enumerate(batch):
+            for episode in batch:
                 if episode.is_done:
                     end(episode=episode, env_runner=runner, metrics_logger=self.logger,
-                        env_index=getattr(episode, "env_index", index))
+                        env_index=env_index_of(episode))
         fn = self.config.on_sample_end
         if fn is not None:
             fn(env_runner=runner, metrics_logger=self.logger, samples=batch)
 
 
-__all__ = ["HostCallback", "RunnerCallbacks", "device_callbacks", "on_host"]
+__all__ = ["HostCallback", "RunnerCallbacks", "device_callbacks", "env_index_of", "on_host"]

@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                         default=None,
                         help="keep compiled programs in DIR (~/.cache/jaxrunner/xla if "
                              "given without DIR) so the next run starts without compiling")
+    sample.add_argument("--logdir", metavar="DIR", default=None,
+                        help="write RLlib's metrics after every sample() call to DIR as "
+                             "TensorBoard event files and metrics.jsonl (x axis: lifetime "
+                             "env steps); the printed metrics are then the last call's")
 
     envs = sub.add_parser("envs", formatter_class=_DefaultsFormatter,
                           help="list every env id jaxrunner can run, with its spaces")
@@ -209,6 +213,16 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    log = None
+    if args.logdir is not None:
+        from jaxrunner.metrics.experiment_log import ExperimentLog
+
+        if os.path.exists(args.logdir) and not os.path.isdir(args.logdir):
+            raise UsageError(f"--logdir {args.logdir!r} is a file; give a directory")
+        try:
+            log = ExperimentLog(args.logdir)
+        except OSError as error:
+            raise UsageError(f"cannot write --logdir {args.logdir!r}: {error}") from error
     try:
         runner = _make_sampler(args)
     except (ValueError, TypeError) as error:
@@ -243,13 +257,19 @@ def _cmd_sample(args: argparse.Namespace) -> int:
                     steps += sum(batch.env_steps for batch in batches)
                 if first_call_s is None:
                     first_call_s, first_call_steps = time.perf_counter() - call_start, steps
+                if log is not None:
+                    metrics = runner.get_metrics()
+                    log.log(metrics, step=metrics["num_env_steps_sampled_lifetime"])
                 elapsed = time.perf_counter() - start
                 progress.update(task, completed=min(done, total),
                                 rate=f"{steps / max(elapsed, 1e-9):,.0f} steps/s")
         elapsed = time.perf_counter() - start
-        metrics = runner.get_metrics()
+        if log is None:
+            metrics = runner.get_metrics()
     finally:
         runner.stop()
+        if log is not None:
+            log.close()
         if args.runners:
             import ray
 

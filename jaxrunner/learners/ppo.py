@@ -314,7 +314,7 @@ class PPOLearner:
     def train(self, runner: Any, *, num_iterations: int | None = None,
               target_return: float | None = None, time_budget_s: float | None = None,
               callback: Callable[[dict], None] | None = None, verbose: bool = True,
-              log_interval_s: float = 2.0) -> list[dict]:
+              log_interval_s: float = 2.0, logdir: str | None = None) -> list[dict]:
         """Samples, updates and pushes weights until `num_iterations` iterations of this
         call are done, the runner's `episode_return_mean` reaches `target_return`, or
         `time_budget_s` seconds of this call have passed (checked after each iteration,
@@ -334,6 +334,10 @@ class PPOLearner:
           `entropy`, `approx_kl`, `clip_fraction` (means over the epochs and
           minibatches) and `vf_explained_var`.
 
+        With `logdir`, every iteration's row and the runner's metrics (RLlib's keys, under
+        `env_runners/`) are written to `logdir` as TensorBoard event files and
+        `metrics.jsonl` (`jaxrunner.metrics.experiment_log`; x axis: the iteration).
+
         With `verbose`, prints a progress line (iteration, env steps, steps/s, return,
         loss, entropy, KL, clip fraction) after the first iteration, then at most every
         `log_interval_s` seconds, and after the last.
@@ -348,6 +352,11 @@ class PPOLearner:
                 time_budget_s, (int, float)) or not time_budget_s > 0):
             raise ValueError(f"time_budget_s must be a number > 0, got {time_budget_s!r}.")
         log = _ProgressLog(verbose, log_interval_s)
+        experiment_log = None
+        if logdir is not None:
+            from jaxrunner.metrics.experiment_log import ExperimentLog
+
+            experiment_log = ExperimentLog(logdir)
         start = time.perf_counter()
         history: list[dict] = []
         self.push_weights(runner)
@@ -361,6 +370,8 @@ class PPOLearner:
                    "time_s": time.perf_counter() - start,
                    "episode_return_mean": metrics.get("episode_return_mean")}
             row.update({name: float(value) for name, value in jax.device_get(stats).items()})
+            if experiment_log is not None:
+                experiment_log.log({**row, "env_runners": metrics}, step=row["iteration"])
             self.iteration += 1
             history.append(row)
             self.history.append(row)
@@ -376,6 +387,8 @@ class PPOLearner:
                 log.line("stopped: " + ("target return reached" if reached
                                         else f"time budget of {time_budget_s:g} s used"))
                 break
+        if experiment_log is not None:
+            experiment_log.close()
         return history
 
 

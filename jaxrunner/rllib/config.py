@@ -41,10 +41,11 @@ SHARED_SETTINGS = (
     "metrics_num_episodes_for_smoothing", "seed", "in_evaluation",
 )
 
-# Per-episode/per-step callbacks run inside RLlib's Python env loop; a compiled rollout
-# has no such loop.
-UNSUPPORTED_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step",
-                         "on_episode_end")
+# Per-step callbacks run inside RLlib's Python env loop; a compiled rollout has no such
+# loop. on_episode_end is called after each sample() for every episode that finished in it
+# (as jaxrunner's host on_episode_end); per-step measurements are jaxrunner's device
+# callbacks (docs/callbacks.md).
+UNSUPPORTED_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step")
 
 
 class TuneEnvCreator:
@@ -167,14 +168,17 @@ def check_supported(algo_config: Any) -> None:
                     f"The callbacks class {cls.__name__} overrides {hook}(), which RLlib "
                     "calls from its per-step Python env loop; JaxEnvRunner steps the env "
                     "inside one compiled program and cannot call it. Compute episode "
-                    "metrics in on_sample_end(env_runner, metrics_logger, samples) from the "
-                    "returned episodes instead (supported, as is on_environment_created)."
+                    "metrics in on_episode_end(episode, ...) or on_sample_end(env_runner, "
+                    "metrics_logger, samples) from the returned episodes instead (supported, "
+                    "as is on_environment_created), or run jaxrunner's own runner with "
+                    "device callbacks (docs/callbacks.md)."
                 )
     for hook in UNSUPPORTED_CALLBACKS:
         if getattr(algo_config, f"callbacks_{hook}", None) is not None:
             raise UnsupportedRLlibSetupError(
                 f"config.callbacks({hook}=...) cannot run inside the compiled rollout; use "
-                "on_sample_end instead."
+                "on_episode_end or on_sample_end instead, or jaxrunner's own runner with "
+                "device callbacks (docs/callbacks.md)."
             )
     _check_module_class(algo_config)
 

@@ -72,6 +72,7 @@ from ray.rllib.utils.metrics import (
 )
 from ray.util import log_once
 
+from jaxrunner.callbacks import env_index_of
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.metrics import keys as jaxrunner_keys
 from jaxrunner.rllib.config import check_supported, runner_config_from_rllib
@@ -263,6 +264,15 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             self._log_env_steps(metric=self._metrics_num_env_steps_sampled,
                                 num_steps=env_steps)
             self._increase_sampled_metrics(env_steps, num_done)
+            for episode in episodes:
+                if episode.is_done:  # RLlib calls it when the episode ends
+                    make_callback(
+                        "on_episode_end",
+                        callbacks_objects=self._callbacks,
+                        callbacks_functions=self.config.callbacks_on_episode_end,
+                        kwargs=dict(episode=episode, env_runner=self,
+                                    metrics_logger=self.metrics, env=self.env,
+                                    env_index=env_index_of(episode), rl_module=self.module))
             make_callback(
                 "on_sample_end",
                 callbacks_objects=self._callbacks,

@@ -1,0 +1,125 @@
+"""Experiment logs (TensorBoard events + JSON lines, `jaxrunner sample --logdir`) and
+RLlib's two Ray metrics counters of an env runner."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import jaxrunner
+from jaxrunner import cli
+from jaxrunner.distributed import metrics as dmetrics
+from jaxrunner.metrics.experiment_log import (ExperimentLog, flatten, read_event_scalars,
+                                              read_jsonl)
+
+from conftest import make_config
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+
+def test_experiment_log_round_trip(tmp_path):
+    with ExperimentLog(tmp_path) as log:
+        for step in (10, 20):
+            log.log({"episode_return_mean": step / 2, "nested": {"a": 1, "b": True},
+                     "skipped": None, "name": "x"}, step=step)
+    rows = read_jsonl(tmp_path)
+    assert [r["step"] for r in rows] == [10, 20]
+    assert rows[1]["episode_return_mean"] == 10.0 and rows[1]["nested"] == {"a": 1, "b": True}
+    scalars = read_event_scalars(tmp_path)
+    assert scalars["episode_return_mean"] == [(10, 5.0), (20, 10.0)]
+    assert scalars["nested/b"] == [(10, 1.0), (20, 1.0)]
+    assert "skipped" not in scalars and "name" not in scalars
+    assert flatten({"a": {"b": {"c": 2}}}) == {"a/b/c": 2.0}
+
+
+def test_cli_sample_logdir(tmp_path, capsys):
+    logdir = tmp_path / "run"
+    code = cli.main(["sample", "--env", "CartPole-v1", "--num-envs", "4", "--fragment", "16",
+                     "--timesteps", "192", "--hiddens", "8", "--json", "--logdir",
+                     str(logdir)])
+    assert code == 0
+    rows = read_jsonl(logdir)
+    assert [r["step"] for r in rows] == [64, 128, 192]
+    assert [r["num_env_steps_sampled_lifetime"] for r in rows] == [64, 128, 192]
+    scalars = read_event_scalars(logdir)
+    assert [s for s, _ in scalars["num_env_steps_sampled"]] == [64, 128, 192]
+    assert all(v == 64.0 for _, v in scalars["num_env_steps_sampled"])
+    (tmp_path / "file").write_text("x")
+    assert cli.main(["sample", "--logdir", str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+class _FakeCounter:
+    """Stands in for `ray.util.metrics.Counter`: records what the runner books."""
+
+    made: list = []
+
+    def __init__(self, name, description="", tag_keys=()):
+        self.name, self.tag_keys, self.tags, self.total = name, tuple(tag_keys), {}, 0
+        _FakeCounter.made.append(self)
+
+    def set_default_tags(self, tags):
+        self.tags = dict(tags)
+
+    def inc(self, value=1.0, tags=None):
+        assert value > 0
+        self.total += value
+
+
+def test_ray_counters_with_rllib_names_and_tag(monkeypatch):
+    """Without Ray initialised there are no counters; with it, both counters count
+    `env.step()` calls (vector steps) and env steps sampled, tagged rllib=<class>."""
+    import ray
+    import ray.util.metrics
+
+    monkeypatch.setattr(ray.util.metrics, "Counter", _FakeCounter)
+    _FakeCounter.made = []
+    runner = jaxrunner.SingleAgentEnvRunner(config=make_config(num_envs=3, fragment=5))
+    runner.sample()
+    assert not ray.is_initialized() and _FakeCounter.made == []  # no Ray: no counters
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    runner.sample()
+    runner.sample(num_timesteps=7)
+    metrics = runner.get_metrics()
+    made = {c.name: c for c in _FakeCounter.made}
+    assert set(made) == {dmetrics.TRY_ENV_STEP_COUNTER, dmetrics.ENV_STEPS_SAMPLED_COUNTER}
+    assert all(c.tags == {"rllib": "SingleAgentEnvRunner"} and c.tag_keys == ("rllib",)
+               for c in made.values())
+    assert made[dmetrics.TRY_ENV_STEP_COUNTER].total == 5 + 3
+    assert made[dmetrics.ENV_STEPS_SAMPLED_COUNTER].total == 15 + 9
+    assert metrics["num_env_steps_sampled_lifetime"] == 15 + 15 + 9
+    runner.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ray_counters_in_a_real_ray_instance():
+    """A runner in a process with a real local Ray instance registers and increments the
+    real `ray.util.metrics.Counter`s. (Reading them back from Ray's Prometheus export
+    needs Ray's metrics agent, which a minimal `ray` install has not: the increments are
+    read at the counters' API.)"""
+    import ray
+    from ray.util import metrics as ray_metrics
+
+    seen: dict = {}
+    original = ray_metrics.Counter.inc
+
+    def spy(self, value=1.0, tags=None):
+        seen[self._name] = seen.get(self._name, 0) + value
+        return original(self, value, tags)
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        ray_metrics.Counter.inc = spy
+        runner = jaxrunner.SingleAgentEnvRunner(config=make_config(num_envs=2, fragment=4))
+        for _ in range(3):
+            runner.sample()
+        lifetime = runner.get_metrics()["num_env_steps_sampled_lifetime"]
+        assert seen[dmetrics.ENV_STEPS_SAMPLED_COUNTER] == lifetime == 24
+        assert seen[dmetrics.TRY_ENV_STEP_COUNTER] == 12
+        runner.stop()
+    finally:
+        ray_metrics.Counter.inc = original
+        ray.shutdown()
+    assert "ray" in sys.modules
