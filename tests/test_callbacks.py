@@ -376,6 +376,7 @@ def test_multi_agent_callbacks_per_agent():
     r.stop()
 
 
+@pytest.mark.slow
 def test_rllib_dropin_calls_on_episode_end_for_finished_episodes():
     pytest.importorskip("ray.rllib")
     pytest.importorskip("torch")

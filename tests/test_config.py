@@ -333,9 +333,12 @@ DOCUMENTED_DEFAULTS = {
     "num_consecutive_sub_env_failures_tolerance": 100,
     "model_config": {},
     "rl_module_spec": None,
+    # callbacks() (docs/callbacks.md)
+    "on_environment_created": None, "on_episode_start": None, "on_episode_step": None,
+    "on_episode_end": None, "on_sample_end": None, "custom_metrics": {},
 }
 BUILDERS = ("environment", "env_runners", "training", "fault_tolerance", "multi_agent",
-            "rl_module", "reporting", "debugging", "evaluation")
+            "rl_module", "reporting", "debugging", "evaluation", "callbacks")
 
 
 def _settings_of(builder):
