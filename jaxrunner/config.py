@@ -242,7 +242,10 @@ _BUILDERS: dict[str, tuple[str, tuple]] = {
          "how host (gymnasium) sub-envs are vectorized: 'sync' (`SyncVectorEnv`, in the "
          "runner's process), 'async' (`AsyncVectorEnv`, one spawned sub-process each) or "
          "'vector_entry_point' (the env's own vector env); a `gymnasium.VectorizeMode` is "
-         "stored as its value. No effect on compiled envs (the vmap vectorizes them)."),
+         "stored as its value. No effect on compiled envs (the vmap vectorizes them), but "
+         "'async' / 'vector_entry_point' for a gymnax id gymnasium also has (gymnax wins) "
+         "is an error naming 'gymnasium:<id>'; refused for EnvPool and `VectorEnv` "
+         "instances ('async')."),
         ("remote_worker_envs", False, _BOOL,
          "step host sub-envs in sub-processes (as 'async') and set `env_context.remote`; "
          "compiled envs only see `env_context.remote`."),
