@@ -1,12 +1,28 @@
-"""JAX env suites through jaxrunner against the suite's own bare rollout.
+"""JAX env suites through jaxrunner against each suite's own bare rollout.
 
 For each installed suite case, `sample()` of a `SingleAgentEnvRunner` on the adapted env
-(`"<suite>/<id>"`) is compared with a PureJaxRL-style `lax.scan` of the same adapted env
-and the same 64x64 MLP policy (`jaxrunner.benchmarking.make_bare_scan`), in alternating
-rounds in one process; the first `sample()` (compile included) is timed too. JSON to
-`benchmarks/results/env_suites.json`.
+(`"<suite>/<id>"`) is compared with a rollout written the way that suite's own training
+code writes it, on the same env and the same 64x64 tanh MLP policy (sampled actions):
 
-    python benchmarks/env_suites.py                 # every installed case, 1024 envs
+* Brax: `brax.envs.training.wrap` (Brax's `VmapWrapper` + `EpisodeWrapper` +
+  `AutoResetWrapper`, what Brax's PPO trains on) and `brax.training.acting.generate_unroll`
+  (Brax's own `lax.scan` of `actor_step`), jitted;
+* Craftax: a PureJaxRL-style `lax.scan` over `vmap(env.step)` of Craftax's own auto-reset
+  env (`make_craftax_env_from_name(id, auto_reset=True)`), keeping what a PPO rollout keeps
+  (observation, action, reward, done, log-prob) and summing finished episodes' returns;
+* Navix: the same PureJaxRL-style scan of Navix's own `env.step` (which resets a finished
+  episode itself).
+
+The suite's rollout does less than `sample()`: it has no final observations (Brax's and
+Craftax's auto-reset overwrite them), no terminated/truncated split, no episode ids or
+metrics, and Brax/Playground restart every episode from the cached first state. The sides
+run in alternating rounds in one process (`jaxrunner.benchmarking.compare`); the first
+call of each side (compilation included) is timed too. `--adapted-scan` adds a third side:
+the same PureJaxRL-style scan of the *adapted* env (`jaxrunner.benchmarking.make_bare_scan`).
+The load average is recorded before and after each case (the machine may be shared).
+JSON to `benchmarks/results/env_suites.json`.
+
+    python benchmarks/env_suites.py                  # every installed case, 1024 envs
     python benchmarks/env_suites.py --cases brax/inverted_pendulum --num-envs 4096
 """
 
@@ -17,6 +33,11 @@ import importlib.util
 import json
 import os
 import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 
 from jaxrunner.benchmarking import compare, machine_info, make_bare_scan
 from jaxrunner.config import RunnerConfig
@@ -24,59 +45,265 @@ from jaxrunner.envs import adapters
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-CASES = {  # case -> the package that must be installed
-    "brax/inverted_pendulum": "brax",
-    "craftax/Craftax-Symbolic-v1": "craftax",
-    "navix/Navix-Empty-5x5-v0": "navix",
-}
 HIDDENS = (64, 64)
 
 
-def measure(case: str, num_envs: int, num_steps: int, rounds: int) -> dict:
+class _Policy(nn.Module):
+    """The same layout as jaxrunner's default policy net: tanh MLP, then the logits (or
+    mean and log-std) of the action distribution."""
+
+    out_dim: int
+
+    @nn.compact
+    def __call__(self, x):
+        for width in HIDDENS:
+            x = jnp.tanh(nn.Dense(width)(x))
+        return nn.Dense(self.out_dim)(x)
+
+
+def _policy(obs_size: int, num_actions: int | None, action_size: int | None, seed: int
+            ) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+    """`act(obs [B, ...], key) -> (action [B] or [B, A], logp [B])`: a sampled categorical
+    (`num_actions`) or Gaussian clipped to [-1, 1] (`action_size`) action."""
+    net = _Policy(num_actions if num_actions is not None else 2 * action_size)
+    weights = net.init(jax.random.key(seed), jnp.zeros((1, obs_size)))
+
+    def act(obs, key):
+        out = net.apply(weights, obs.reshape(obs.shape[0], -1).astype(jnp.float32))
+        if num_actions is not None:
+            action = jax.random.categorical(key, out)
+            logp = jnp.take_along_axis(jax.nn.log_softmax(out), action[:, None], 1)[:, 0]
+            return action, logp
+        mean, log_std = jnp.split(out, 2, axis=-1)
+        noise = jax.random.normal(key, mean.shape)
+        logp = jnp.sum(-0.5 * noise * noise - log_std, axis=-1)
+        return jnp.clip(mean + jnp.exp(log_std) * noise, -1.0, 1.0), logp
+
+    return act
+
+
+def _timed_first_call(run: Callable[[], None]) -> tuple[Callable[[], None], float]:
+    """Times the first call (compilation included), then calls once more untimed."""
+    start = time.perf_counter()
+    run()
+    first = time.perf_counter() - start
+    run()
+    return run, first
+
+
+def _strong(tree: Any) -> Any:
+    """`tree` with weakly typed leaves made strong, so that a reset's output and a step's
+    have the same types and the jitted rollout does not compile again on its second call
+    (jaxrunner's runner does the same to its carry)."""
+    def leaf(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return x  # typed keys are never weak
+        return jnp.asarray(x, dtype=x.dtype)
+
+    return jax.tree.map(leaf, tree)
+
+
+# ---------------------------------------------------------------- the suites' own rollouts
+def brax_own_rollout(name: str, num_envs: int, num_steps: int, seed: int = 0,
+                     episode_length: int = 1000) -> tuple[Callable[[], None], float]:
+    """Brax's training rollout: `wrap(env)` (vmap, episode limit, auto-reset to the cached
+    first state) and `generate_unroll` with `extra_fields=("truncation",)`, as Brax's PPO
+    collects data. Returns `(run, first_call_s)`."""
+    from brax import envs
+    from brax.envs.wrappers.training import wrap
+    from brax.training.acting import generate_unroll
+
+    env = wrap(envs.get_environment(name), episode_length=episode_length)
+    act = _policy(env.observation_size, None, env.action_size, seed)
+
+    def policy(obs, key):
+        action, logp = act(obs, key)
+        return action, {"log_prob": logp}
+
+    @jax.jit
+    def unroll(state, key):
+        key, unroll_key = jax.random.split(key)
+        state, data = generate_unroll(env, state, policy, unroll_key, num_steps,
+                                      extra_fields=("truncation",))
+        return _strong(state), key, data
+
+    key = jax.random.PRNGKey(seed)  # Brax's wrappers take raw uint32 keys ((B, 2) batched)
+    holder = {"state": _strong(jax.jit(env.reset)(jax.random.split(key, num_envs))),
+              "key": key}
+
+    def run():
+        holder["state"], holder["key"], data = unroll(holder["state"], holder["key"])
+        jax.block_until_ready(data)
+
+    return _timed_first_call(run)
+
+
+def _purejaxrl_scan(reset, step, obs_size: int, num_actions: int, num_envs: int,
+                    num_steps: int, seed: int) -> tuple[Callable[[], None], float]:
+    """A PureJaxRL-style rollout: `reset(keys) -> (obs, state)`, `step(keys, state,
+    action) -> (obs, state, reward, done)`, both over `[num_envs]`; the scan keeps
+    (obs, action, reward, done, logp) per step and sums finished episodes' returns."""
+    act = _policy(obs_size, num_actions, None, seed)
+
+    def body(carry, _):
+        obs, state, key, ret, ret_sum, episodes = carry
+        key, act_key, step_key = jax.random.split(key, 3)
+        action, logp = act(obs, act_key)
+        next_obs, state, reward, done = step(jax.random.split(step_key, num_envs), state,
+                                             action)
+        ret = ret + reward
+        ret_sum = ret_sum + jnp.sum(jnp.where(done, ret, 0.0))
+        episodes = episodes + jnp.sum(done)
+        ret = jnp.where(done, 0.0, ret)
+        return (next_obs, state, key, ret, ret_sum, episodes), (obs, action, reward, done,
+                                                                logp)
+
+    @jax.jit
+    def rollout(carry):
+        carry, traj = jax.lax.scan(body, carry, None, length=num_steps)
+        return _strong(carry), traj
+
+    key = jax.random.key(seed)
+    key, reset_key = jax.random.split(key)
+    obs, state = _strong(jax.jit(reset)(jax.random.split(reset_key, num_envs)))
+    holder = {"carry": (obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
+                        jnp.zeros((), jnp.int32))}
+
+    def run():
+        holder["carry"], traj = rollout(holder["carry"])
+        jax.block_until_ready(traj)
+
+    return _timed_first_call(run)
+
+
+def craftax_own_rollout(env_id: str, num_envs: int, num_steps: int, seed: int = 0
+                        ) -> tuple[Callable[[], None], float]:
+    """PureJaxRL-style scan of Craftax's own auto-reset env (`auto_reset=True`: Craftax's
+    `step` replaces a finished episode's state with a fresh `reset_env`)."""
+    from craftax.craftax_env import make_craftax_env_from_name
+
+    env = make_craftax_env_from_name(env_id, auto_reset=True)
+    params = env.default_params
+    obs_size = int(jnp.prod(jnp.array(env.observation_space(params).shape)))
+
+    def reset(keys):
+        return jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+
+    def step(keys, state, action):
+        obs, state, reward, done, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            keys, state, action, params)
+        return obs, state, reward, done
+
+    return _purejaxrl_scan(reset, step, obs_size, env.action_space(params).n, num_envs,
+                           num_steps, seed)
+
+
+def navix_own_rollout(env_id: str, num_envs: int, num_steps: int, seed: int = 0
+                      ) -> tuple[Callable[[], None], float]:
+    """PureJaxRL-style scan of Navix's own `step` (it resets a finished episode from the
+    key in its state)."""
+    import navix
+
+    env = navix.make(env_id)
+    obs_size = int(jnp.prod(jnp.array(env.observation_space.shape)))
+
+    def reset(keys):
+        timestep = jax.vmap(env.reset)(keys)
+        return timestep.observation, timestep
+
+    def step(keys, timestep, action):
+        del keys
+        timestep = jax.vmap(env.step)(timestep, action)
+        done = timestep.is_done()
+        return timestep.observation, timestep, timestep.reward, done
+
+    return _purejaxrl_scan(reset, step, obs_size, int(env.action_space.n), num_envs,
+                           num_steps, seed)
+
+
+CASES: dict[str, tuple[str, Callable[..., tuple[Callable[[], None], float]], int]] = {
+    # case -> (package that must be installed, the suite's own rollout, default num_steps)
+    "brax/inverted_pendulum": ("brax", brax_own_rollout, 16),
+    "craftax/Craftax-Symbolic-v1": ("craftax", craftax_own_rollout, 8),
+    "navix/Navix-Empty-5x5-v0": ("navix", navix_own_rollout, 16),
+}
+
+
+def measure(case: str, num_envs: int, num_steps: int, rounds: int, adapted_scan: bool,
+            seed: int = 0) -> dict[str, Any]:
+    _, own_rollout, _ = CASES[case]
+    load_before = os.getloadavg()
     config = (RunnerConfig().environment(case)
               .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=num_steps)
-              .rl_module(model_config={"fcnet_hiddens": list(HIDDENS)}).debugging(seed=0))
+              .rl_module(model_config={"fcnet_hiddens": list(HIDDENS)}).debugging(seed=seed))
     start = time.perf_counter()
     runner = SingleAgentEnvRunner(config=config)
     built = time.perf_counter()
     runner.sample()
-    first_sample = time.perf_counter()
-    env, params = adapters.make_suite_env(case, {})
-    bare_start = time.perf_counter()
-    bare = make_bare_scan((env, params), num_envs, num_steps, HIDDENS, random_actions=False)
-    bare_first = time.perf_counter() - bare_start
-    result = compare({"jaxrunner": runner.sample, "bare_scan": bare}, num_envs * num_steps,
-                     rounds=rounds)
-    steps = result["median_steps_per_s"]
-    return {"case": case, "num_envs": num_envs, "num_steps": num_steps,
-            "construction_s": built - start, "first_sample_s": first_sample - built,
-            "bare_first_call_s": bare_first, "median_steps_per_s": steps,
-            "ratio": steps["jaxrunner"] / steps["bare_scan"], "target": 0.95}
+    first_sample = time.perf_counter() - built
+    runner.sample()  # as the suite's rollout gets: one more untimed call
+    sides = {"jaxrunner": runner.sample}
+    sides["suite_own"], own_first = own_rollout(case.split("/", 1)[1], num_envs, num_steps,
+                                                seed=seed)
+    row: dict[str, Any] = {"case": case, "num_envs": num_envs, "num_steps": num_steps,
+                           "rounds": rounds, "construction_s": built - start,
+                           "first_sample_s": first_sample, "suite_own_first_call_s": own_first}
+    if adapted_scan:
+        env, params = adapters.make_suite_env(case, {})
+        bare_start = time.perf_counter()
+        sides["adapted_scan"] = make_bare_scan((env, params), num_envs, num_steps, HIDDENS,
+                                               random_actions=False, seed=seed)
+        row["adapted_scan_first_call_s"] = time.perf_counter() - bare_start
+        sides["adapted_scan"]()
+    result = compare(sides, num_envs * num_steps, rounds=rounds, reference="suite_own")
+    runner.stop()
+    row.update({
+        "median_steps_per_s": result["median_steps_per_s"],
+        "best_steps_per_s": result["steps_per_s"],
+        "ratio": result["ratio_to_suite_own"]["jaxrunner"],
+        "ratios_to_suite_own": result["ratio_to_suite_own"],
+        "seconds_per_call": result["_timings"],
+        "target": 0.95,
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+    })
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=list(CASES))
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--num-envs", type=int, default=1024)
-    parser.add_argument("--num-steps", type=int, default=16)
+    parser.add_argument("--num-steps", type=int, default=None,
+                        help="steps per call (default: per case, 8 for Craftax, else 16)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--adapted-scan", action="store_true",
+                        help="also time a bare scan of the adapted env")
     parser.add_argument("--output", default=os.path.join(RESULTS, "env_suites.json"))
     args = parser.parse_args()
-    out = {"benchmark": "env_suites", "policy": f"mlp{HIDDENS}, explore",
-           "machine": machine_info(), "cases": [], "not_installed": []}
+    out: dict[str, Any] = {
+        "benchmark": "env_suites",
+        "policy": f"mlp{HIDDENS} tanh, sampled actions (explore)",
+        "reference": "suite_own: the suite's own rollout (Brax generate_unroll over "
+                     "wrap(env); PureJaxRL-style scan of Craftax's / Navix's own "
+                     "auto-resetting step)",
+        "machine": machine_info(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "cases": [], "not_installed": []}
     for case in args.cases:
-        package = CASES.get(case, case.split("/")[0])
+        package, _, default_steps = CASES[case]
         if importlib.util.find_spec(package) is None:
             out["not_installed"].append(case)
             continue
-        row = measure(case, args.num_envs, args.num_steps, args.rounds)
+        row = measure(case, args.num_envs, args.num_steps or default_steps, args.rounds,
+                      args.adapted_scan)
         out["cases"].append(row)
         _write(out, args.output)  # after every case: a long sweep keeps what it measured
-        print(f"{case} num_envs={args.num_envs}: ratio {row['ratio']:.3f} "
-              f"(jaxrunner {row['median_steps_per_s']['jaxrunner']:,.0f} vs bare "
-              f"{row['median_steps_per_s']['bare_scan']:,.0f} steps/s); first sample() "
-              f"{row['first_sample_s']:.1f} s, bare first call {row['bare_first_call_s']:.1f} s",
-              flush=True)
+        steps = row["median_steps_per_s"]
+        print(f"{case} num_envs={args.num_envs} T={row['num_steps']}: ratio "
+              f"{row['ratio']:.3f} (jaxrunner {steps['jaxrunner']:,.0f} vs suite's own "
+              f"{steps['suite_own']:,.0f} steps/s); first sample() "
+              f"{row['first_sample_s']:.1f} s, suite's first call "
+              f"{row['suite_own_first_call_s']:.1f} s; load {row['loadavg_before'][0]:.1f}"
+              f"->{row['loadavg_after'][0]:.1f}", flush=True)
     _write(out, args.output)
     print(f"wrote {args.output}")
 
