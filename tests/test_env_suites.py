@@ -21,6 +21,7 @@ from gymnax.environments import spaces as gx
 
 import jaxrunner
 from jaxrunner.envs import adapters
+from jaxrunner.envs.multi_agent import MultiAgentEnv
 from jaxrunner.envs.registry import make_jax_env
 from jaxrunner.envs.spaces import MultiDiscrete, action_dtype, to_gymnasium, to_gymnax
 
@@ -482,3 +483,57 @@ def test_jumanji__multi_discrete_actions_through_the_runner():
     actions = np.concatenate([np.asarray(e.actions) for e in episodes])
     assert actions.shape[1:] == (2,) and actions.min() >= 0 and actions.max() <= 9
     assert metrics["num_episodes"] >= 1
+
+
+# ---------------------------------------------------------------------- by object = by name
+def _suite_objects():
+    """`(prefix, name, make_object)` for one env of every suite: the object as the suite's
+    own constructor returns it (xminigrid: `(env, params)`)."""
+    return [
+        ("brax", "brax/inverted_pendulum",
+         lambda: __import__("brax.envs").envs.get_environment("inverted_pendulum")),
+        ("playground", "playground/CartpoleBalance",
+         lambda: __import__("mujoco_playground").registry.load("CartpoleBalance")),
+        ("craftax", "craftax/Craftax-Symbolic-v1",
+         lambda: __import__("craftax.craftax_env").craftax_env.make_craftax_env_from_name(
+             "Craftax-Symbolic-v1", auto_reset=True)),
+        ("jumanji", "jumanji/Snake-v1", lambda: __import__("jumanji").make("Snake-v1")),
+        ("navix", "navix/Navix-Empty-5x5-v0",
+         lambda: __import__("navix").make("Navix-Empty-5x5-v0")),
+        ("xminigrid", "xminigrid/MiniGrid-Empty-5x5",
+         lambda: __import__("xminigrid").make("MiniGrid-Empty-5x5")),
+        ("pgx", "pgx/2048", lambda: __import__("pgx").make("2048")),
+        ("pgx", "pgx/tic_tac_toe", lambda: __import__("pgx").make("tic_tac_toe")),
+    ]
+
+
+def _space_summary(space):
+    return (type(space).__name__, getattr(space, "n", None),
+            tuple(getattr(space, "shape", None) or ()), str(getattr(space, "dtype", None)))
+
+
+def _spaces_of(env, params):
+    if isinstance(env, MultiAgentEnv):
+        return {agent: (_space_summary(env.observation_space(agent)),
+                        _space_summary(env.action_space(agent))) for agent in env.agents}
+    obs = env.observation_space(params)
+    if isinstance(obs, gx.Dict):
+        return {k: _space_summary(v) for k, v in obs.spaces.items()}, _space_summary(
+            env.action_space(params))
+    return _space_summary(obs), _space_summary(env.action_space(params))
+
+
+@pytest.mark.parametrize("prefix,name,make_object", _suite_objects(),
+                         ids=[case[1] for case in _suite_objects()])
+def test_every_suite__by_object_by_creator_and_by_name_give_the_same_adapted_env(
+        prefix, name, make_object):
+    pytest.importorskip(adapters.SUITES[prefix].package)
+    by_name, name_params, _ = make_jax_env(name, jaxrunner.EnvContext())
+    made = make_object()
+    env_object = made[0] if isinstance(made, tuple) else made  # xminigrid: (env, params)
+    by_object, object_params, _ = make_jax_env(env_object, jaxrunner.EnvContext())
+    by_creator, creator_params, _ = make_jax_env(lambda ctx: made, jaxrunner.EnvContext())
+    assert adapters.is_adapted(by_name) and by_name.suite == prefix
+    for env, params in ((by_object, object_params), (by_creator, creator_params)):
+        assert type(env) is type(by_name)
+        assert _spaces_of(env, params) == _spaces_of(by_name, name_params)
