@@ -337,12 +337,32 @@ def _like_default(name: str, value: Any, default: Any, env_id: str) -> Any:
     return value
 
 
-def gymnax_precedence_note(env_id: str) -> str:
+def _gymnasium_keywords(env_id: str) -> set[str]:
+    """Keyword arguments `gymnasium.make(env_id, ...)` takes: `gymnasium.make`'s own and
+    the named parameters of the registered env's constructor."""
+    import gymnasium as gym
+
+    names = {"max_episode_steps", "render_mode", "disable_env_checker", "autoreset"}
+    try:
+        creator = gym.spec(env_id).entry_point
+        if isinstance(creator, str):
+            creator = gym.envs.registration.load_env_creator(creator)
+        names |= set(inspect.signature(creator).parameters)
+    except Exception:  # noqa: BLE001 - only used to phrase an error message
+        pass
+    return names
+
+
+def gymnax_precedence_note(env_id: str, keys: Any = None) -> str:
     """For a gymnax id that gymnasium also registers (e.g. "CartPole-v1"), the sentence
-    that says the gymnax env took precedence and how to get gymnasium's; else ""."""
+    that says the gymnax env took precedence and how to get gymnasium's; else "". With
+    `keys` (rejected `env_config` keys), only when one of them is a keyword gymnasium's
+    env takes (`"sutton_barto_reward"`), not for a typo of a gymnax key."""
     import gymnasium as gym
 
     if env_id not in gym.registry:
+        return ""
+    if keys is not None and not set(map(str, keys)) & _gymnasium_keywords(env_id):
         return ""
     return (f" Note: {env_id!r} is both a gymnax id and a gymnasium id; the gymnax "
             "(compiled) env takes precedence. For gymnasium's env stepped on the host (with "
@@ -374,7 +394,7 @@ def make_gymnax_env(env_id: str, env_config: dict) -> tuple[Any, Any]:
             f"{unknown} that are neither fields of its EnvParams ({keys['params']}) nor "
             f"arguments of its constructor ({keys['constructor'] or 'none'}).{hint} To "
             "build the env another way, register a creator with jaxrunner.register_env."
-            + gymnax_precedence_note(env_id)
+            + gymnax_precedence_note(env_id, unknown)
         )
     if constructor:
         try:
