@@ -60,3 +60,18 @@ def test_craftax__runner_by_name():
     assert finished and all(e.is_truncated and len(e) == 10 for e in finished)
     assert metrics["num_episodes"] >= 1
     assert np.isfinite(metrics["episode_return_mean"])
+
+
+@pytest.mark.slow  # full Craftax compiles for minutes on 2 cores; by name: the test above
+def test_cli__sample_craftax_symbolic(capsys):
+    """`jaxrunner sample --env craftax/Craftax-Symbolic-v1` (the full game, 8,268-float
+    observations) samples and reports RLlib's metrics."""
+    import json
+
+    from jaxrunner.cli import main
+
+    assert main(["sample", "--env", "craftax/Craftax-Symbolic-v1", "--num-envs", "4",
+                 "--fragment", "8", "--timesteps", "32", "--hiddens", "8", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["summary"]["env_steps"] == 32
+    assert report["metrics"]["num_env_steps_sampled_lifetime"] == 32
