@@ -47,6 +47,10 @@ from jaxrunner.runners.env_runner import EnvRunner as EnvRunner
 from jaxrunner.runners.multi_agent_env_runner import MultiAgentEnvRunner as MultiAgentEnvRunner
 from jaxrunner.runners.selection import runner_class_for as runner_class_for
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner as SingleAgentEnvRunner
+from jaxrunner.sampler import SampleMetrics as SampleMetrics
+from jaxrunner.sampler import Sampler as Sampler
+from jaxrunner.sampler import SamplerState as SamplerState
+from jaxrunner.sampler import make_sampler as make_sampler
 from jaxrunner.structure import check_finite_tree as check_finite_tree
 from jaxrunner.structure import check_same_structure as check_same_structure
 from jaxrunner.structure import structure_diff as structure_diff
@@ -99,6 +103,9 @@ __all__ = [
     "RLModuleSpec",
     "RunnerConfig",
     "SampleArgumentError",
+    "SampleMetrics",
+    "Sampler",
+    "SamplerState",
     "SingleAgentEnvRunner",
     "SingleAgentEpisode",
     "StateStructureError",
@@ -106,6 +113,7 @@ __all__ = [
     "check_finite_tree",
     "check_same_structure",
     "enable_compilation_cache",
+    "make_sampler",
     "mark_step_failed",
     "register_env",
     "runner_class_for",

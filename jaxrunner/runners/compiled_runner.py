@@ -22,7 +22,7 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import jax
@@ -40,6 +40,9 @@ from jaxrunner.metrics.custom import DeviceMetrics
 from jaxrunner.runners.env_runner import EnvRunner
 from jaxrunner.runners.sharding import make_env_mesh, replicate, shard_carry
 from jaxrunner.structure import check_finite_tree, check_same_structure
+
+if TYPE_CHECKING:
+    from jaxrunner.sampler import Sampler
 
 STATE_HINT = ("Pass a state produced by get_state() of a runner built from the same env "
                "and module config.")
@@ -289,17 +292,21 @@ class CompiledEnvRunner(EnvRunner):
         fragment = self.config.get_rollout_fragment_length(self.worker_index or 0)
         return max(1, min(fragment, self.config.max_chunk_length))
 
+    @property
+    def sampler(self) -> "Sampler":
+        """The pure `jaxrunner.Sampler` of this runner's env, module and connectors (built
+        once per env / module build). `sample()` runs its jitted chunk; use it directly
+        to sample inside your own `jax.jit` (see `Sampler.from_runner_state` /
+        `Sampler.to_runner_state` to move a state between the two)."""
+        if "sampler" not in self._compiled:
+            from jaxrunner.sampler import Sampler
+
+            self._compiled["sampler"] = Sampler(self)
+        return self._compiled["sampler"]
+
     def _fns(self, mode: str) -> dict:
-        """The rollout functions for `mode`, jitted once per runner build."""
-        if mode not in self._compiled:
-            fns = self._rollout_fns(mode)
-            self._compiled[mode] = {
-                "init_carry": jax.jit(fns.init_carry),
-                "reset_carry": jax.jit(fns.reset_carry, donate_argnums=(0,)),
-                "init_lookback": jax.jit(fns.init_lookback),
-                "chunk": jax.jit(fns.chunk, donate_argnums=(0,)),
-            }
-        return self._compiled[mode]
+        """The sampler's rollout functions for `mode`, jitted once per runner build."""
+        return self.sampler.jitted(mode)
 
     def _ensure_carry(self) -> None:
         if self._carry is None:

@@ -1,0 +1,148 @@
+"""Host reduction of a fused loop's metrics (`jaxrunner.SampleMetrics`) into RLlib's keys.
+
+`Sampler.sample()` returns a `SampleMetrics` per call; stacked by `lax.scan` over
+iterations and/or `jax.vmap` over seeds it has leading axes `S`. `reduce_sample_metrics`
+gives the keys `runner.get_metrics()` gives (the smoothed episode keys over the ring's
+window, the call's and the lifetime step and episode counters), as Python numbers for one
+call and as numpy arrays of shape `S` for a stack: one array per key, one entry per seed /
+iteration. Wall-clock keys (timers, throughput, episode durations) need the host and are
+absent; an empty window gives NaN episode keys in a stack and no episode keys for one call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner.metrics import keys
+from jaxrunner.metrics.logger import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
+
+_MOD = 2**32
+
+
+def _window_stats(registers: Any, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Mean / min / max of the ring's filled slots, shape `lead` (NaN where empty)."""
+    size = np.asarray(registers.window_size, np.int64)
+    returns = np.asarray(registers.window_return, np.float64)
+    lengths = np.asarray(registers.window_len, np.float64)
+    filled = np.arange(returns.shape[-1]) < size[..., None]
+    count = filled.sum(-1)
+    empty = count == 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        def stats(x):
+            mean = np.where(filled, x, 0.0).sum(-1) / np.where(empty, 1, count)
+            low = np.where(filled, x, np.inf).min(-1)
+            high = np.where(filled, x, -np.inf).max(-1)
+            return tuple(np.where(empty, np.nan, v) for v in (mean, low, high))
+
+        r, l_ = stats(returns), stats(lengths)
+    return {keys.EPISODE_RETURN_MEAN: r[0], keys.EPISODE_RETURN_MIN: r[1],
+            keys.EPISODE_RETURN_MAX: r[2], keys.EPISODE_LEN_MEAN: l_[0],
+            keys.EPISODE_LEN_MIN: l_[1], keys.EPISODE_LEN_MAX: l_[2], "_empty": empty}
+
+
+def _ring_means(registers: Any, ids: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Per id (axis -2 of the stacked rings) the mean return, NaN where empty."""
+    size = np.asarray(registers.window_size, np.int64)  # (..., N)
+    returns = np.asarray(registers.window_return, np.float64)  # (..., N, W)
+    filled = np.arange(returns.shape[-1]) < size[..., None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(filled, returns, 0.0).sum(-1) / size
+    return {name: np.where(size[..., i] > 0, means[..., i], np.nan)
+            for i, name in enumerate(ids)}
+
+
+def reduce_sample_metrics(metrics: Any, *, agent_ids: tuple[str, ...] = (),
+                          module_ids: tuple[str, ...] = ()) -> dict[str, Any]:
+    """RLlib's metric keys from a `SampleMetrics` (device or host arrays).
+
+    Args:
+        metrics: one call's `SampleMetrics`, or a stack of them with leading axes `S`
+            (`lax.scan` over iterations, `jax.vmap` over seeds).
+        agent_ids, module_ids: a multi-agent sampler's `agent_ids` / `module_ids` (the
+            per-agent and per-module keys are keyed by them).
+
+    Returns:
+        For one call, the dict `runner.get_metrics()` returns for the same steps (less the
+        wall-clock keys); for a stack, the same keys with numpy arrays of shape `S` (dict
+        valued keys: `{id: array}`), episode keys NaN where no episode had finished.
+    """
+    m = jax.device_get(metrics)
+    lead = tuple(np.shape(m.num_env_steps))
+    scalar = lead == ()
+    stats = _window_stats(m.registers, lead)
+    empty = stats.pop("_empty")
+    lifetime = (np.asarray(m.env_steps_lifetime_hi, np.int64) * _MOD
+                + np.asarray(m.env_steps_lifetime_lo, np.int64))
+    env_steps = np.asarray(m.num_env_steps, np.int64)
+    out: dict[str, Any] = dict(stats)
+    multi = m.agent_registers is not None
+    if multi:
+        out[keys.AGENT_EPISODE_RETURN_MEAN] = _ring_means(m.agent_registers, agent_ids)
+        out[keys.MODULE_EPISODE_RETURN_MEAN] = _ring_means(m.module_registers, module_ids)
+        agent_steps = np.asarray(m.agent_steps, np.int64)
+        module_steps = np.asarray(m.module_steps, np.int64)
+        agent_life = np.asarray(m.agent_steps_lifetime, np.int64)
+        module_life = np.asarray(m.module_steps_lifetime, np.int64)
+        out[keys.NUM_AGENT_STEPS_SAMPLED] = {a: agent_steps[..., i]
+                                             for i, a in enumerate(agent_ids)}
+        out[keys.NUM_AGENT_STEPS_SAMPLED_LIFETIME] = {a: agent_life[..., i]
+                                                      for i, a in enumerate(agent_ids)}
+        out[keys.NUM_MODULE_STEPS_SAMPLED] = {x: module_steps[..., i]
+                                              for i, x in enumerate(module_ids)}
+        out[keys.NUM_MODULE_STEPS_SAMPLED_LIFETIME] = {x: module_life[..., i]
+                                                       for i, x in enumerate(module_ids)}
+    else:
+        mean = stats[keys.EPISODE_RETURN_MEAN]
+        out[keys.AGENT_EPISODE_RETURN_MEAN] = {DEFAULT_AGENT_ID: mean}
+        out[keys.MODULE_EPISODE_RETURN_MEAN] = {DEFAULT_MODULE_ID: mean}
+        out[keys.NUM_AGENT_STEPS_SAMPLED] = {DEFAULT_AGENT_ID: env_steps}
+        out[keys.NUM_AGENT_STEPS_SAMPLED_LIFETIME] = {DEFAULT_AGENT_ID: lifetime}
+        out[keys.NUM_MODULE_STEPS_SAMPLED] = {DEFAULT_MODULE_ID: env_steps}
+        out[keys.NUM_MODULE_STEPS_SAMPLED_LIFETIME] = {DEFAULT_MODULE_ID: lifetime}
+    out.update({
+        keys.NUM_ENV_STEPS_SAMPLED: env_steps,
+        keys.NUM_ENV_STEPS_SAMPLED_LIFETIME: lifetime,
+        keys.NUM_EPISODES: np.asarray(m.num_episodes, np.int64),
+        keys.NUM_EPISODES_LIFETIME: np.asarray(m.episodes_lifetime, np.int64),
+        keys.NUM_ENV_STEP_FAILURES: np.asarray(m.failures_lifetime, np.int64),
+        keys.NUM_ENV_STEPS_DISCARDED: np.asarray(m.num_env_steps_discarded, np.int64),
+        keys.NUM_ENV_STEPS_DISCARDED_LIFETIME: np.asarray(m.discarded_lifetime, np.int64),
+    })
+    if not scalar:
+        return out
+    return _to_python(out, bool(empty))
+
+
+_INT_KEYS = {keys.EPISODE_LEN_MIN, keys.EPISODE_LEN_MAX}
+_EPISODE_KEYS = {keys.EPISODE_RETURN_MEAN, keys.EPISODE_RETURN_MIN, keys.EPISODE_RETURN_MAX,
+                 keys.EPISODE_LEN_MEAN, keys.EPISODE_LEN_MIN, keys.EPISODE_LEN_MAX,
+                 keys.AGENT_EPISODE_RETURN_MEAN, keys.MODULE_EPISODE_RETURN_MEAN}
+
+
+def _to_python(out: dict[str, Any], empty: bool) -> dict[str, Any]:
+    """One call's keys as Python numbers, in the runner's form (no episode keys while the
+    window is empty; per-id means only for ids that have finished an episode)."""
+    result: dict[str, Any] = {}
+    for name, value in out.items():
+        if name in _EPISODE_KEYS and empty and not isinstance(value, dict):
+            continue
+        if isinstance(value, dict):
+            items = {k: v.item() for k, v in value.items()}
+            if name in _EPISODE_KEYS:
+                items = {k: float(v) for k, v in items.items() if not np.isnan(v)}
+                if not items:
+                    continue
+            result[name] = items
+        elif name in _INT_KEYS:
+            result[name] = int(value)
+        elif name in _EPISODE_KEYS:
+            result[name] = float(value)
+        else:
+            result[name] = int(value)
+    return result
+
+
+__all__ = ["reduce_sample_metrics"]

@@ -1,0 +1,434 @@
+"""A pure, functional sampler: the runner's rollout inside the user's own `jax.jit`.
+
+`Sampler` exposes the compiled chunk of `jaxrunner.core.chunk` (the same env, module,
+connectors, auto-reset mode, fault handling, metric ring and lookback as the runner) as two
+pure functions, so a whole training loop can be one compiled program (`lax.scan` over
+iterations, `jax.vmap` over seeds, params or env params, sharded with `jax.sharding`):
+
+    sampler = jaxrunner.make_sampler(config)         # or runner.sampler
+    state = sampler.init(jax.random.key(0))          # SamplerState (a pytree)
+    state, traj, metrics = sampler.sample(state, params)   # Trajectory (T, B, ...)
+
+`SingleAgentEnvRunner` / `MultiAgentEnvRunner` are shells over the same object: their
+`sample()` runs `runner.sampler`'s jitted chunk, so a sampler state converts to and from
+`runner.get_state()` / `runner.set_state()` (`Sampler.to_runner_state`,
+`Sampler.from_runner_state`) and the episodes and metrics are the same either way.
+
+What a fused loop cannot do is what needs the host: top-ups after discarded episodes
+(the call returns its fixed `T` steps with `traj.failed` marked and the discarded steps
+counted in the metrics) and raising on a failing sub-env (a failure with
+`restart_failed_sub_environments=False`, or more consecutive failures than
+`num_consecutive_sub_env_failures_tolerance`, restarts every sub-env at the end of the call
+and is counted in `num_env_step_failures`, where the runner raises and restarts on the next
+call).
+
+Static sizes (`num_envs`, the chunk length `T`, the policy mode) are Python values fixed
+when the sampler is built or passed as Python arguments; the number of steps to take is a
+traced value, so nothing recompiles when only values change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrunner.core.carry import MetricRegisters
+from jaxrunner.core.chunk import POLICY_MODES, ChunkFns
+from jaxrunner.core.ring import NO_EPISODE_LIMIT
+
+CARRY_COMPONENT = "env_runner_carry"
+_MOD = 2**32
+
+
+@struct.dataclass
+class SamplerCounters:
+    """The runner's host counters as device scalars (uint32, mod 2**32), so a fused loop
+    can hand its state back to a runner with exact metrics. `A` agents, `M` modules
+    (both 0 for a single-agent sampler)."""
+
+    vector_steps: jax.Array  # () vector steps sampled (lifetime)
+    env_steps_lo: jax.Array  # () env steps sampled (lifetime), low 32 bits
+    env_steps_hi: jax.Array  # () ... high 32 bits
+    env_steps_unreported: jax.Array  # () env steps not yet reported by get_metrics()
+    discarded_lifetime: jax.Array  # () env steps of failed episodes (lifetime)
+    discarded_unreported: jax.Array  # () ... not yet reported
+    failures_lifetime: jax.Array  # () failed sub-env steps (lifetime)
+    episodes_lifetime: jax.Array  # () episodes reported by the last get_metrics()
+    episodes_seen: jax.Array  # () the ring's episode counter at the last get_metrics()
+    agent_steps_lifetime: jax.Array  # (A,) agent steps reported per agent
+    agent_seen: jax.Array  # (A,) device agent-step counters at the last get_metrics()
+    module_steps_lifetime: jax.Array  # (M,)
+    module_seen: jax.Array  # (M,)
+
+    @classmethod
+    def zeros(cls, num_agents: int = 0, num_modules: int = 0) -> "SamplerCounters":
+        def z():  # one buffer per field (a state may be donated)
+            return jnp.zeros((), jnp.uint32)
+
+        return cls(vector_steps=z(), env_steps_lo=z(), env_steps_hi=z(),
+                   env_steps_unreported=z(), discarded_lifetime=z(), discarded_unreported=z(),
+                   failures_lifetime=z(), episodes_lifetime=z(), episodes_seen=z(),
+                   agent_steps_lifetime=jnp.zeros((num_agents,), jnp.uint32),
+                   agent_seen=jnp.zeros((num_agents,), jnp.uint32),
+                   module_steps_lifetime=jnp.zeros((num_modules,), jnp.uint32),
+                   module_seen=jnp.zeros((num_modules,), jnp.uint32))
+
+
+@struct.dataclass
+class SamplerState:
+    """Everything a sampler carries from one `sample()` to the next (a pytree; `vmap`
+    `Sampler.init` over keys for a batch of them)."""
+
+    carry: Any  # the chunk's carry (`RolloutCarry` / `MultiAgentCarry`), leaves (B, ...)
+    lookback: Any  # the last `L` steps of every sub-env, leaves (L, B, ...)
+    counters: SamplerCounters
+
+
+@struct.dataclass
+class SampleMetrics:
+    """What one `Sampler.sample()` call adds to the metrics (device arrays; with leading
+    axes under `vmap` / `lax.scan`). `jaxrunner.metrics.reduce_sample_metrics` turns it
+    into RLlib's keys on the host."""
+
+    registers: MetricRegisters  # the episode ring after the call (window of W episodes)
+    num_env_steps: jax.Array  # () int32: env steps sampled in the call (T * B)
+    num_episodes: jax.Array  # () int32: episodes finished and counted in the call
+    num_env_step_failures: jax.Array  # () int32: failed sub-env steps in the call
+    num_env_steps_discarded: jax.Array  # () int32: env steps of the call's failed episodes
+    env_steps_lifetime_lo: jax.Array  # () uint32: lifetime env steps, low 32 bits
+    env_steps_lifetime_hi: jax.Array  # () uint32: ... high 32 bits
+    episodes_lifetime: jax.Array  # () uint32: lifetime episodes (mod 2**32)
+    failures_lifetime: jax.Array  # () uint32: lifetime failed sub-env steps
+    discarded_lifetime: jax.Array  # () uint32: lifetime discarded env steps
+    # Multi-agent samplers only (None for single-agent):
+    agent_registers: MetricRegisters | None = None  # leaves (A, ...)
+    module_registers: MetricRegisters | None = None  # leaves (M, ...)
+    agent_steps: jax.Array | None = None  # (A,) int32: agent steps completed in the call
+    module_steps: jax.Array | None = None  # (M,) int32
+    agent_steps_lifetime: jax.Array | None = None  # (A,) uint32 (mod 2**32)
+    module_steps_lifetime: jax.Array | None = None  # (M,) uint32 (mod 2**32)
+
+
+def _mode(explore: bool, random_actions: bool) -> str:
+    if not isinstance(explore, bool) or not isinstance(random_actions, bool):
+        raise TypeError(
+            f"Sampler.sample: explore and random_actions must be Python bools (static "
+            f"arguments), got explore={explore!r}, random_actions={random_actions!r}. Pass "
+            "them as Python values, or mark them static in your own jax.jit.")
+    return "random" if random_actions else ("explore" if explore else "inference")
+
+
+class Sampler:
+    """The pure rollout of a compiled runner (see the module docstring).
+
+    Build it with `jaxrunner.make_sampler(config)` or take `runner.sampler`; both share
+    the runner's env, module and connectors. Attributes: `num_envs` (B), `num_steps` (T,
+    the chunk length: `rollout_fragment_length`, at most `max_chunk_length`), `env`,
+    `env_params`, `module`, `params` (the runner's inference params),
+    `default_key` (the key the runner's own carry starts from), `agent_ids`, `module_ids`
+    (multi-agent).
+    """
+
+    def __init__(self, runner: Any):
+        if getattr(runner, "env", None) is None:
+            raise ValueError(f"Sampler: the runner {runner!r} has no env (a local runner of a "
+                             "group); build the sampler from a config with an env.")
+        if getattr(runner, "_host", None) is not None:
+            raise ValueError(
+                f"Sampler: the env {runner.env_name!r} is a gymnasium env stepped on the host; "
+                "a pure sampler needs a JAX env (gymnax-style reset/step).")
+        self._runner = runner
+        self._rollout_fns = runner._rollout_fns
+        self.config = runner.config
+        self.env = runner.env
+        self.env_params = runner.env_params
+        self.env_name = runner.env_name
+        self.module = runner.module
+        self.num_envs = runner.num_envs
+        self.num_steps = runner._chunk_len()
+        self.default_key = jax.random.fold_in(runner._base_key, 2)
+        self.agent_ids = tuple(getattr(runner, "_agent_ids", ()) or ())
+        self.module_ids = tuple(self.module.module_ids) if self.agent_ids else ()
+        self.multi_agent = bool(self.agent_ids)
+        self._restart = bool(self.config.restart_failed_sub_environments)
+        self._tolerance = int(self.config.num_consecutive_sub_env_failures_tolerance)
+        self._fns: dict[str, ChunkFns] = {}
+        self._jitted: dict[str, dict] = {}
+        self._jit_sample: dict[tuple, Any] = {}
+        self._jit_reset = None
+
+    @property
+    def params(self) -> Any:
+        """The runner's current inference params (initial ones unless weights were set)."""
+        return self._runner._params
+
+    # ------------------------------------------------------------------ pure pieces
+    def chunk_fns(self, mode: str = "explore") -> ChunkFns:
+        """The pure `ChunkFns` of policy `mode` ("explore", "inference", "random")."""
+        if mode not in POLICY_MODES:
+            raise ValueError(f"mode must be one of {POLICY_MODES}, got {mode!r}.")
+        if mode not in self._fns:
+            self._fns[mode] = self._rollout_fns(mode)
+        return self._fns[mode]
+
+    def jitted(self, mode: str) -> dict:
+        """The chunk functions of `mode`, jitted once (the runner shell calls these)."""
+        if mode not in self._jitted:
+            fns = self.chunk_fns(mode)
+            self._jitted[mode] = {
+                "init_carry": jax.jit(fns.init_carry),
+                "reset_carry": jax.jit(fns.reset_carry, donate_argnums=(0,)),
+                "init_lookback": jax.jit(fns.init_lookback),
+                "chunk": jax.jit(fns.chunk, donate_argnums=(0,)),
+            }
+        return self._jitted[mode]
+
+    def _env_params(self, env_params: Any) -> Any:
+        return self.env_params if env_params is None else env_params
+
+    def init(self, key: jax.Array, params: Any = None, env_params: Any = None) -> SamplerState:
+        """A fresh state: every sub-env reset, empty metric ring and lookback.
+
+        Args:
+            key: a typed `jax.random.key` (`sampler.default_key` gives the runner's own
+                start); `vmap` over a batch of keys for one state per seed.
+            params: module params (only their structure is used; default `self.params`).
+            env_params: the env's params (default the env's own).
+        Pure and jittable."""
+        params = self.params if params is None else params
+        env_params = self._env_params(env_params)
+        fns = self.chunk_fns("explore")
+        carry = fns.init_carry(key, params, env_params)
+        lookback = fns.init_lookback(carry, params, env_params)
+        return SamplerState(carry=carry, lookback=lookback,
+                            counters=SamplerCounters.zeros(len(self.agent_ids),
+                                                           len(self.module_ids)))
+
+    def reset(self, state: SamplerState, env_params: Any = None) -> SamplerState:
+        """`state` with every sub-env restarted (episodes in progress are abandoned, as
+        `sample(force_reset=True)` does). Pure and jittable."""
+        carry = self.chunk_fns("explore").reset_carry(state.carry, self._env_params(env_params))
+        return state.replace(carry=carry)
+
+    def sample(self, state: SamplerState, params: Any, env_params: Any = None, *,
+               num_steps: Any = None, explore: bool = True, random_actions: bool = False
+               ) -> tuple[SamplerState, Any, SampleMetrics]:
+        """One rollout of up to `T = self.num_steps` vector steps of all `B` sub-envs.
+
+        Pure and jittable (no host transfer, no Python randomness); use it inside your own
+        `jax.jit`, `lax.scan` and `jax.vmap` (over states, params and env params).
+
+        Args:
+            state: a `SamplerState` (`init`, a previous `sample`, or `from_runner_state`).
+            params: the module's inference params (as `runner.get_state()["rl_module"]`).
+            env_params: the env's params (default the env's own).
+            num_steps: vector steps to take, a traced int32 `<= T` (default `T`); the steps
+                not taken hold zeros and have `traj.valid == False`.
+            explore, random_actions: the policy mode (Python bools, static).
+
+        Returns:
+            `(state, traj, metrics)`: the next state; the time-major trajectory of the
+            layout (`Trajectory` `(T, B, ...)` single-agent, `MultiAgentTrajectory`
+            multi-agent); a `SampleMetrics`.
+        """
+        mode = _mode(explore, random_actions)
+        env_params = self._env_params(env_params)
+        fns = self.chunk_fns(mode)
+        steps = jnp.asarray(self.num_steps if num_steps is None else num_steps, jnp.int32)
+        carry, lookback, traj, info = fns.chunk(
+            state.carry, state.lookback, params, env_params, steps, NO_EPISODE_LIMIT,
+            NO_EPISODE_LIMIT, jnp.zeros((), jnp.int32))
+        must_restart = info.max_consecutive_failures > self._tolerance
+        if not self._restart:
+            must_restart = must_restart | (info.num_failures > 0)
+        carry = jax.lax.cond(must_restart, lambda c: fns.reset_carry(c, env_params),
+                             lambda c: c, carry)
+        counters = self._count(state.counters, info)
+        metrics = self._metrics(carry, counters, info, state.carry)
+        return SamplerState(carry=carry, lookback=lookback, counters=counters), traj, metrics
+
+    def _count(self, c: SamplerCounters, info: Any) -> SamplerCounters:
+        steps = info.num_steps.astype(jnp.uint32)
+        env_steps = steps * jnp.uint32(self.num_envs)
+        lo = c.env_steps_lo + env_steps
+        discarded = info.discarded_env_steps.astype(jnp.uint32)
+        return c.replace(
+            vector_steps=c.vector_steps + steps, env_steps_lo=lo,
+            env_steps_hi=c.env_steps_hi + (lo < c.env_steps_lo).astype(jnp.uint32),
+            env_steps_unreported=c.env_steps_unreported + env_steps,
+            discarded_lifetime=c.discarded_lifetime + discarded,
+            discarded_unreported=c.discarded_unreported + discarded,
+            failures_lifetime=c.failures_lifetime + info.num_failures.astype(jnp.uint32))
+
+    def _metrics(self, carry: Any, c: SamplerCounters, info: Any, start: Any) -> SampleMetrics:
+        extra = {}
+        if self.multi_agent:
+            extra = dict(agent_registers=carry.agent_metrics,
+                         module_registers=carry.module_metrics,
+                         agent_steps=(carry.agent_steps - start.agent_steps).astype(jnp.int32),
+                         module_steps=(carry.module_steps - start.module_steps
+                                       ).astype(jnp.int32),
+                         agent_steps_lifetime=c.agent_steps_lifetime
+                         + (carry.agent_steps - c.agent_seen),
+                         module_steps_lifetime=c.module_steps_lifetime
+                         + (carry.module_steps - c.module_seen))
+        return SampleMetrics(
+            registers=carry.metrics,
+            num_env_steps=info.num_steps * jnp.int32(self.num_envs),
+            num_episodes=info.num_episodes,
+            num_env_step_failures=info.num_failures,
+            num_env_steps_discarded=info.discarded_env_steps,
+            env_steps_lifetime_lo=c.env_steps_lo, env_steps_lifetime_hi=c.env_steps_hi,
+            episodes_lifetime=c.episodes_lifetime + (carry.metrics.episodes - c.episodes_seen),
+            failures_lifetime=c.failures_lifetime, discarded_lifetime=c.discarded_lifetime,
+            **extra)
+
+    # ------------------------------------------------------------------ jitted entry points
+    def sample_jit(self, state: SamplerState, params: Any, env_params: Any = None, *,
+                   num_steps: Any = None, explore: bool = True, random_actions: bool = False):
+        """`sample`, jitted once per policy mode (the state is donated)."""
+        mode = _mode(explore, random_actions)
+        if mode not in self._jit_sample:
+            self._jit_sample[mode] = jax.jit(
+                lambda s, p, e, n: self.sample(s, p, e, num_steps=n, explore=explore,
+                                               random_actions=random_actions),
+                donate_argnums=(0,))
+        steps = np.int32(self.num_steps if num_steps is None else num_steps)
+        return self._jit_sample[mode](state, params, self._env_params(env_params), steps)
+
+    # ------------------------------------------------------------------ runner round trip
+    def to_runner_state(self, state: SamplerState, params: Any = None,
+                        weights_seq_no: int | None = None) -> dict[str, Any]:
+        """A dict for `runner.set_state()` of a runner built from the same config: the
+        carry, lookback and the metric counters (and, with `params`, the weights under
+        `weights_seq_no`, default 0: always applied). The runner then continues where the
+        fused loop stopped, and its `get_metrics()` reports what the fused calls sampled.
+        `state` must be one state (index a vmapped batch first)."""
+        from jaxrunner.runners.compiled_runner import keys_to_data
+
+        if jnp.ndim(state.counters.vector_steps) != 0:
+            raise ValueError(
+                "Sampler.to_runner_state takes one state, got a batch of shape "
+                f"{jnp.shape(state.counters.vector_steps)} (from vmap): pick one with "
+                "jax.tree.map(lambda x: x[i], state).")
+        key_impl = str(jax.random.key_impl(state.carry.key))
+        carry, lookback, c = jax.device_get((keys_to_data(state.carry), state.lookback,
+                                             state.counters))
+        general = {
+            "episodes_lifetime": int(c.episodes_lifetime),
+            "vector_steps_lifetime": int(c.vector_steps),
+            "episodes_seen_on_device": int(c.episodes_seen),
+            "env_step_failures_lifetime": int(c.failures_lifetime),
+            "env_steps_discarded_lifetime": int(c.discarded_lifetime),
+            "env_steps_unreported": int(c.env_steps_unreported),
+            "env_steps_discarded_unreported": int(c.discarded_unreported)}
+        if self.multi_agent:
+            metrics = {
+                "general": general,
+                "agent_steps_lifetime": {a: int(v) for a, v in
+                                         zip(self.agent_ids, c.agent_steps_lifetime)},
+                "module_steps_lifetime": {m: int(v) for m, v in
+                                          zip(self.module_ids, c.module_steps_lifetime)},
+                "agent_seen": [int(v) for v in c.agent_seen],
+                "module_seen": [int(v) for v in c.module_seen]}
+        else:
+            metrics = general
+        out: dict[str, Any] = {
+            CARRY_COMPONENT: {"carry": carry, "lookback": lookback, "needs_reset": False,
+                              "key_impl": key_impl, "metrics": metrics},
+            "num_env_steps_sampled_lifetime": int(c.env_steps_hi) * _MOD + int(c.env_steps_lo),
+        }
+        if params is not None:
+            out["rl_module"] = jax.device_get(params)
+            out["weights_seq_no"] = int(weights_seq_no or 0)
+        return out
+
+    def from_runner_state(self, runner_state: dict[str, Any]) -> SamplerState:
+        """A `SamplerState` from `runner.get_state(components="all")` (or any state with
+        the "env_runner_carry" component) of a runner built from the same config: the
+        fused loop continues the runner's episodes and counters. A runner that would
+        restart its sub-envs on its next `sample()` has them restarted here."""
+        from jaxrunner.errors import StateStructureError
+        from jaxrunner.structure import check_same_structure
+
+        saved = runner_state.get(CARRY_COMPONENT) if isinstance(runner_state, dict) else None
+        if saved is None:
+            raise StateStructureError(
+                "Sampler.from_runner_state needs the 'env_runner_carry' component: pass "
+                "runner.get_state(components='all') (or components=['env_runner_carry']).")
+        template = jax.eval_shape(self.init, self.default_key)
+        from jaxrunner.runners.compiled_runner import STATE_HINT
+
+        check_same_structure(
+            jax.tree.map(lambda _: 0, (template.carry, template.lookback)),
+            jax.tree.map(lambda _: 0, (saved["carry"], saved["lookback"])),
+            "Sampler.from_runner_state: the env_runner_carry", hint=STATE_HINT)
+        impl = saved.get("key_impl") or None
+
+        def restore(shape, value):
+            if jnp.issubdtype(shape.dtype, jax.dtypes.prng_key):
+                return jax.random.wrap_key_data(jnp.asarray(value), impl=impl)
+            return jnp.asarray(value, shape.dtype)
+
+        carry = jax.tree.map(restore, template.carry, saved["carry"])
+        lookback = jax.tree.map(restore, template.lookback, saved["lookback"])
+        m = saved.get("metrics") or {}
+        general = m.get("general", m) if self.multi_agent else m
+        u32 = lambda v: jnp.asarray(int(v) % _MOD, jnp.uint32)  # noqa: E731
+        lifetime = int(runner_state.get("num_env_steps_sampled_lifetime", 0) or 0)
+        counters = SamplerCounters.zeros(len(self.agent_ids), len(self.module_ids)).replace(
+            vector_steps=u32(general.get("vector_steps_lifetime", 0)),
+            env_steps_lo=u32(lifetime), env_steps_hi=u32(lifetime // _MOD),
+            env_steps_unreported=u32(general.get("env_steps_unreported", 0)),
+            discarded_lifetime=u32(general.get("env_steps_discarded_lifetime", 0)),
+            discarded_unreported=u32(general.get("env_steps_discarded_unreported", 0)),
+            failures_lifetime=u32(general.get("env_step_failures_lifetime", 0)),
+            episodes_lifetime=u32(general.get("episodes_lifetime", 0)),
+            episodes_seen=u32(general.get("episodes_seen_on_device", 0)))
+        if self.multi_agent and "agent_seen" in m:
+            arr = lambda values: jnp.asarray(  # noqa: E731
+                np.asarray([int(v) % _MOD for v in values], np.uint32).reshape(-1))
+            counters = counters.replace(
+                agent_steps_lifetime=arr(m["agent_steps_lifetime"][a] for a in self.agent_ids),
+                agent_seen=arr(m["agent_seen"]),
+                module_steps_lifetime=arr(m["module_steps_lifetime"][x]
+                                          for x in self.module_ids),
+                module_seen=arr(m["module_seen"]))
+        state = SamplerState(carry=carry, lookback=lookback, counters=counters)
+        if saved.get("needs_reset"):
+            if self._jit_reset is None:
+                self._jit_reset = jax.jit(self.reset)
+            state = self._jit_reset(state, self.env_params)
+        return state
+
+    # ------------------------------------------------------------------ sharding
+    def shard(self, state: SamplerState, mesh: Any) -> SamplerState:
+        """`state` placed on `mesh` (a `jax.sharding.Mesh` with an axis named "env"): the
+        per-sub-env leaves split over it, the rest replicated; a jitted `sample` of the
+        result runs SPMD over the mesh's devices."""
+        from jaxrunner.runners.sharding import shard_carry
+
+        carry, lookback = shard_carry(state.carry, state.lookback, mesh)
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        counters = jax.tree.map(lambda x: jax.device_put(x, replicated), state.counters)
+        return SamplerState(carry=carry, lookback=lookback, counters=counters)
+
+    def __repr__(self) -> str:
+        return (f"Sampler(env={self.env_name!r}, num_envs={self.num_envs}, "
+                f"num_steps={self.num_steps})")
+
+
+def make_sampler(config: Any, **runner_kwargs: Any) -> Sampler:
+    """The `Sampler` of the runner `config` builds (`jaxrunner.runner_class_for(config)`:
+    single- or multi-agent), with that runner's env, module, connectors and seed."""
+    from jaxrunner.runners.selection import runner_class_for
+
+    runner = runner_class_for(config)(config=config, **runner_kwargs)
+    return runner.sampler
+
+
+__all__ = ["SampleMetrics", "Sampler", "SamplerCounters", "SamplerState", "make_sampler"]
