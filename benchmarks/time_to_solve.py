@@ -594,6 +594,218 @@ def run_jaxrunner_batched(env_id: str, seeds: list[int], hp: Hyper, max_time_s: 
                      all_seeds_done_s=total_s) for i, seed in enumerate(seeds)]
 
 
+# ====================================================================== fused jaxrunner PPO
+def make_fused_pieces(env_id: str, seed: int, hp: Hyper) -> tuple[Any, Any]:
+    """`(sampler, learner)`: jaxrunner's pure sampler (`jaxrunner.make_sampler`) and the
+    reference PPO learner, with the hyperparameters every side uses."""
+    import jaxrunner
+    from jaxrunner.learners import PPOConfig, PPOLearner
+
+    config = (jaxrunner.RunnerConfig().environment(env_id)
+              .env_runners(num_envs_per_env_runner=hp.num_envs,
+                           rollout_fragment_length=hp.num_steps)
+              .rl_module(model_config={"fcnet_hiddens": list(hp.hiddens),
+                                       "fcnet_activation": "tanh"})
+              .reporting(metrics_num_episodes_for_smoothing=SMOOTHING)
+              .debugging(seed=seed))
+    sampler = jaxrunner.make_sampler(config)
+    learner = PPOLearner.from_sampler(sampler, PPOConfig(
+        learning_rate=hp.learning_rate, gamma=hp.gamma, gae_lambda=hp.gae_lambda,
+        clip_eps=hp.clip_eps, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
+        num_epochs=hp.num_epochs, num_minibatches=hp.num_minibatches,
+        max_grad_norm=hp.max_grad_norm, reward_scale=hp.reward_scale, seed=seed))
+    return sampler, learner
+
+
+def make_fused_train(env_id: str, hp: Hyper, *, max_updates: int, seed: int = 0) -> Callable:
+    """jaxrunner's fused PPO as a solve-until-target loop like the bare one: `train(key)`
+    runs `PPOLearner.make_train`'s iteration (sampler.sample + update_fn) in a
+    `lax.while_loop` until the mean return of the sampler's last 100 episodes (its metric
+    ring) reaches `hp.target` or `max_updates`; returns `(updates, ring_mean)`. The
+    pieces for per-iteration timing: `train.init(key)`, `train.iteration(state, None)`."""
+    import jax
+    import jax.numpy as jnp
+
+    sampler, learner = make_fused_pieces(env_id, seed, hp)
+    pieces = learner.make_train(sampler, 1)
+
+    def ring_mean(state):
+        ring = state.sampler.carry.metrics
+        filled = jnp.arange(ring.window_return.shape[0]) < ring.window_size
+        return jnp.where(ring.window_size > 0,
+                         jnp.sum(jnp.where(filled, ring.window_return, 0.0))
+                         / jnp.maximum(ring.window_size, 1), -jnp.inf)
+
+    def train(key):
+        def body(loop):
+            state, updates = loop
+            state, _ = pieces.iteration(state, None)
+            return state, updates + 1
+
+        state, updates = jax.lax.while_loop(
+            lambda loop: (ring_mean(loop[0]) < hp.target) & (loop[1] < max_updates), body,
+            (pieces.init(key), jnp.zeros((), jnp.int32)))
+        return updates, ring_mean(state)
+
+    train.init, train.iteration = pieces.init, pieces.iteration
+    return train
+
+
+def _timed_compile(fn: Callable, *args: Any) -> tuple[Any, float]:
+    import jax
+
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    return compiled, time.perf_counter() - start
+
+
+def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
+                         timing_iterations: int, rounds: int) -> dict:
+    """Fused jaxrunner PPO against the bare PPO, `num_seeds` seeds vmapped (1: no vmap):
+    compile time, time to solve with compilation excluded and included (both solve-until
+    -target loops, every seed to the target or `max_updates`), and the per-iteration
+    time of `timing_iterations` scanned iterations, in `rounds` alternating rounds."""
+    import jax
+    import numpy as np
+
+    keys = jax.vmap(jax.random.key)(np.arange(num_seeds))
+    bare = make_bare_train(env_id, hp, max_updates=max_updates)
+    fused = make_fused_train(env_id, hp, max_updates=max_updates)
+    solve = {"bare": lambda k: bare(k, 0), "fused": fused}
+    out: dict[str, Any] = {"env": env_id, "num_seeds": num_seeds,
+                           "load_avg_1min_start": round(os.getloadavg()[0], 2)}
+    for name in ("bare", "fused"):
+        fn = solve[name] if num_seeds == 1 else jax.vmap(solve[name])
+        arg = keys[0] if num_seeds == 1 else keys
+        compiled, compile_s = _timed_compile(fn, arg)
+        start = time.perf_counter()
+        updates, mean = jax.block_until_ready(compiled(arg))
+        run_s = time.perf_counter() - start
+        updates = np.atleast_1d(np.asarray(updates))
+        mean = np.atleast_1d(np.asarray(mean))
+        out[name] = {"compile_s": compile_s, "solve_run_s": run_s,
+                     "solve_total_s": compile_s + run_s,
+                     "updates": updates.tolist(), "final_mean_return": mean.tolist(),
+                     "all_solved": bool(np.all(mean >= hp.target))}
+        print(f"{env_id} seeds={num_seeds} {name}: compile {compile_s:.1f}s, solve "
+              f"{run_s:.1f}s, updates {updates.tolist()}", flush=True)
+
+    # Per-iteration time: the same number of scanned iterations on both sides.
+    def bare_iter(carry):
+        return jax.lax.scan(lambda c, _: (bare.update(c), None), carry, None,
+                            length=timing_iterations)[0]
+
+    def fused_iter(state):
+        return jax.lax.scan(lambda s, _: (fused.iteration(s, None)[0], None), state, None,
+                            length=timing_iterations)[0]
+
+    inits = {"bare": lambda k: bare.init_carry(k, 0), "fused": fused.init}
+    steps = {"bare": bare_iter, "fused": fused_iter}
+    states, runs = {}, {}
+    for name in ("bare", "fused"):
+        init = inits[name] if num_seeds == 1 else jax.vmap(inits[name])
+        step = steps[name] if num_seeds == 1 else jax.vmap(steps[name])
+        states[name] = jax.jit(init)(keys[0] if num_seeds == 1 else keys)
+        runs[name] = jax.jit(step, donate_argnums=(0,))
+        states[name] = jax.block_until_ready(runs[name](states[name]))  # compile + warm up
+    timings: dict[str, list[float]] = {"bare": [], "fused": []}
+    for index in range(rounds):
+        for name in (("bare", "fused") if index % 2 == 0 else ("fused", "bare")):
+            start = time.perf_counter()
+            states[name] = jax.block_until_ready(runs[name](states[name]))
+            timings[name].append((time.perf_counter() - start) / timing_iterations)
+    ratios = [f / b for f, b in zip(timings["fused"], timings["bare"])]
+    out["per_iteration_s"] = {name: statistics.median(t) for name, t in timings.items()}
+    out["per_iteration_ratio_fused_over_bare"] = statistics.median(ratios)
+    out["per_iteration_timings_s"] = timings
+    # Both loops run the same algorithm; how many updates a seed needs is luck of its RNG
+    # stream. Charging each side its own compile and per-iteration time at the pooled
+    # median update count separates the implementations' cost from that luck.
+    pooled = statistics.median(
+        [max(out[n]["updates"]) for n in ("bare", "fused")])
+    estimate = {n: out[n]["compile_s"] + pooled * out["per_iteration_s"][n]
+                for n in ("bare", "fused")}
+    out["pooled_updates_to_solve"] = pooled
+    out["estimated_time_to_solve_s"] = estimate
+    out["ratio_fused_over_bare"] = {
+        "solve_total_s": out["fused"]["solve_total_s"] / out["bare"]["solve_total_s"],
+        "solve_run_s": out["fused"]["solve_run_s"] / out["bare"]["solve_run_s"],
+        "compile_s": out["fused"]["compile_s"] / out["bare"]["compile_s"],
+        "estimated_compile_included": estimate["fused"] / estimate["bare"],
+        "estimated_compile_excluded": out["per_iteration_s"]["fused"]
+        / out["per_iteration_s"]["bare"],
+    }
+    out["load_avg_1min_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps({k: out[k] for k in ("per_iteration_s", "ratio_fused_over_bare")}),
+          flush=True)
+    return out
+
+
+def run_sampler_throughput(env_id: str, num_envs: int, num_steps: int, rounds: int) -> dict:
+    """Single-chunk env steps/s: the pure sampler's jitted `sample()` against the bare
+    `lax.scan` rollout (same env, 64x64 MLP, sampled actions), alternating rounds."""
+    import jax
+
+    import jaxrunner
+    from jaxrunner.benchmarking import compare, make_bare_scan
+
+    config = (jaxrunner.RunnerConfig().environment(env_id)
+              .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=num_steps,
+                           max_chunk_length=num_steps)
+              .rl_module(model_config={"fcnet_hiddens": [64, 64]})
+              .debugging(seed=0))
+    sampler = jaxrunner.make_sampler(config)
+    params = sampler.params
+    holder = {"state": jax.jit(sampler.init)(sampler.default_key)}
+
+    def fused():
+        holder["state"], traj, _ = sampler.sample_jit(holder["state"], params)
+        jax.block_until_ready(traj)
+
+    fused()
+    sides = {"bare_scan": make_bare_scan(env_id, num_envs, num_steps, (64, 64), False),
+             "sampler": fused}
+    result = compare(sides, num_envs * num_steps, rounds=rounds)
+    result.pop("_timings")
+    return {"env": env_id, "num_envs": num_envs, "num_steps": num_steps, **result,
+            "load_avg_1min": round(os.getloadavg()[0], 2)}
+
+
+def main_fused(args: argparse.Namespace) -> None:
+    """`--fused`: writes benchmarks/results/time_to_solve_fused.json."""
+    import jax
+
+    results: dict[str, Any] = {
+        "benchmark": "time_to_solve_fused",
+        "note": "fused jaxrunner PPO (jaxrunner.make_sampler + PPOLearner.make_train in one "
+                "jax.jit) vs the bare PureJaxRL-style PPO; one process, compile measured "
+                "with jit(...).lower().compile(); the machine is shared, see load_avg_1min",
+        "machine": {"jax": jax.__version__, "cpu_count": os.cpu_count(),
+                    "devices": [str(d) for d in jax.devices()],
+                    "platform": platform.platform(), "python": platform.python_version()},
+        "runs": [], "sampler_throughput": []}
+    json_path = os.path.join(args.output_dir, "time_to_solve_fused.json")
+
+    def save():
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
+
+    for num_envs in args.throughput_envs:
+        results["sampler_throughput"].append(run_sampler_throughput(
+            "CartPole-v1", num_envs, 128, rounds=args.rounds))
+        print(json.dumps(results["sampler_throughput"][-1]), flush=True)
+        save()
+    for env_id in args.envs:
+        hp = HYPER[env_id]
+        max_updates = min(args.max_updates, math.ceil(hp.max_env_steps / hp.batch_size))
+        for num_seeds in args.fused_seeds:
+            results["runs"].append(run_fused_comparison(
+                env_id, num_seeds, hp, max_updates=max_updates,
+                timing_iterations=args.timing_iterations, rounds=args.rounds))
+            save()
+    print(f"wrote {json_path}")
+
+
 # ====================================================================== driver
 def _child(args: argparse.Namespace) -> None:
     hp = HYPER[args.env]
@@ -707,7 +919,18 @@ def main() -> None:
     parser.add_argument("--env", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--num-seeds", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--fused", action="store_true",
+                        help="fused jaxrunner PPO vs bare (time_to_solve_fused.json)")
+    parser.add_argument("--fused-seeds", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--max-updates", type=int, default=10_000)
+    parser.add_argument("--timing-iterations", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--throughput-envs", type=int, nargs="*", default=[16, 1024])
     args = parser.parse_args()
+    if args.fused:
+        os.makedirs(args.output_dir, exist_ok=True)
+        main_fused(args)
+        return
     if args.child:
         args.method = args.child
         _child(args)

@@ -129,7 +129,8 @@ class Sampler:
     the runner's env, module and connectors. Attributes: `num_envs` (B), `num_steps` (T,
     the chunk length: `rollout_fragment_length`, at most `max_chunk_length`), `env`,
     `env_params`, `module`, `params` (the runner's inference params),
-    `default_key` (the key the runner's own carry starts from), `agent_ids`, `module_ids`
+    `default_key` (the key the runner's own carry starts from), `runner` (the runner
+    it was built from), `agent_ids`, `module_ids`
     (multi-agent).
     """
 
@@ -141,7 +142,7 @@ class Sampler:
             raise ValueError(
                 f"Sampler: the env {runner.env_name!r} is a gymnasium env stepped on the host; "
                 "a pure sampler needs a JAX env (gymnax-style reset/step).")
-        self._runner = runner
+        self.runner = runner  # the runner this sampler was built from
         self._rollout_fns = runner._rollout_fns
         self.config = runner.config
         self.env = runner.env
@@ -164,7 +165,7 @@ class Sampler:
     @property
     def params(self) -> Any:
         """The runner's current inference params (initial ones unless weights were set)."""
-        return self._runner._params
+        return self.runner._params
 
     # ------------------------------------------------------------------ pure pieces
     def chunk_fns(self, mode: str = "explore") -> ChunkFns:

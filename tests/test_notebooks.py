@@ -50,7 +50,7 @@ def _num_images(notebook) -> int:
 def test_notebooks__all_listed():
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == [
         "00_quickstart.ipynb", "01_ppo_cartpole.ipynb", "02_distributed.ipynb",
-        "03_custom_env.ipynb", "04_ppo_env_suites.ipynb"]
+        "03_custom_env.ipynb", "04_ppo_env_suites.ipynb", "05_fused_ppo.ipynb"]
 
 
 @pytest.mark.timeout(900)

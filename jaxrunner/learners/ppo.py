@@ -13,6 +13,14 @@ the runner API, and is not an algorithm zoo.
 
 or `learner.train(runner, num_iterations=100, time_budget_s=60)`, which does the same,
 prints progress and returns the losses, entropy, KL and clip fraction per iteration.
+
+The fused loop trains inside one `jax.jit` instead (no host round trip per iteration),
+vmapped over seeds, with the runner's pure sampler (`jaxrunner.Sampler`):
+
+    sampler = jaxrunner.make_sampler(config)
+    learner = PPOLearner.from_sampler(sampler, PPOConfig())
+    out = learner.fused_train(sampler, num_iterations=100, seeds=8)
+    out["metrics"]["episode_return_mean"]     # (8, 100): per seed and iteration
 Recurrent (stateful) modules are refused: this learner trains feed-forward policies.
 
 `update` reads `batch.trajectory()` on the device (no host transfer). With a group of Ray
@@ -70,6 +78,13 @@ class LearnerState(struct.PyTreeNode):
     params: Any  # full module params: {"pi": ..., "vf": ...}
     opt_state: Any  # optax state
     key: jax.Array  # () typed PRNG key, for minibatch shuffling
+
+
+class FusedTrainState(struct.PyTreeNode):
+    """The carry of `PPOLearner.make_train`'s loop."""
+
+    learner: LearnerState
+    sampler: Any  # jaxrunner.SamplerState
 
 
 class _Sample(NamedTuple):
@@ -294,6 +309,74 @@ class PPOLearner:
         traj = _as_trajectory(batch)
         self.state, stats = self._update(self.state, traj)
         return stats
+
+    # ------------------------------------------------------------------ the fused loop
+    @classmethod
+    def from_sampler(cls, sampler: Any, config: PPOConfig = PPOConfig()) -> "PPOLearner":
+        """A learner for `sampler` (`jaxrunner.Sampler`): `from_runner` of its runner."""
+        return cls.from_runner(sampler.runner, config)
+
+    def make_train(self, sampler: Any, num_iterations: int) -> Callable[..., tuple]:
+        """The whole training loop as one pure function, `train(key) -> (state, stats,
+        metrics)`: `lax.scan` over `num_iterations` iterations of `sampler.sample()` with
+        the policy being trained, then `update_fn` on its trajectory. Jit it, and `vmap`
+        it over keys for several seeds (`fused_train` does both).
+
+        Returns `(FusedTrainState, stats, metrics)`: the final learner and sampler states;
+        `update_fn`'s statistics per iteration (each `(num_iterations,)`); the
+        `SampleMetrics` per iteration (leading axis `num_iterations`, reduce them with
+        `jaxrunner.metrics.reduce_sample_metrics`)."""
+        if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or (
+                num_iterations < 1):
+            raise ValueError(f"num_iterations must be an int >= 1, got {num_iterations!r}.")
+        acting = sampler.module
+
+        def init(key: jax.Array) -> FusedTrainState:
+            learner_key, sampler_key = jax.random.split(key)
+            learner = self.init_state(learner_key)
+            params = acting.params_for_inference(learner.params)
+            return FusedTrainState(learner=learner, sampler=sampler.init(sampler_key, params))
+
+        def iteration(state: FusedTrainState, _):
+            params = acting.params_for_inference(state.learner.params)
+            sampler_state, traj, metrics = sampler.sample(state.sampler, params)
+            learner, stats = self.update_fn(state.learner, traj)
+            return FusedTrainState(learner=learner, sampler=sampler_state), (stats, metrics)
+
+        def train(key: jax.Array) -> tuple:
+            state, (stats, metrics) = jax.lax.scan(iteration, init(key), None,
+                                                   length=num_iterations)
+            return state, stats, metrics
+
+        train.init, train.iteration = init, iteration
+        return train
+
+    def fused_train(self, sampler: Any, num_iterations: int, *,
+                    seeds: int | list[int] = 1) -> dict[str, Any]:
+        """Trains `seeds` independent policies (an int: seeds `config.seed ...`; or a
+        list of seeds) at once, each with its own sub-envs, in one `jax.jit` of a `vmap`
+        of `make_train` (no host round trip per iteration).
+
+        Returns a dict: `state` (the `FusedTrainState`, leading axis = seeds), `stats`
+        (host arrays `(S, num_iterations)` per statistic), `metrics` (RLlib's keys per
+        seed and iteration, host arrays `(S, num_iterations)`; `episode_return_mean` is
+        NaN until an episode has finished) and `time_s` (compilation included).
+        The learner's own `state` is left unchanged."""
+        from jaxrunner.metrics.fused import reduce_sample_metrics
+
+        seed_list = (list(range(self.config.seed, self.config.seed + seeds))
+                     if isinstance(seeds, int) else [int(s) for s in seeds])
+        if not seed_list:
+            raise ValueError("fused_train needs at least one seed.")
+        train = self.make_train(sampler, num_iterations)
+        keys = jnp.stack([jax.random.key(s) for s in seed_list])
+        start = time.perf_counter()
+        state, stats, metrics = jax.block_until_ready(jax.jit(jax.vmap(train))(keys))
+        elapsed = time.perf_counter() - start
+        return {"state": state, "stats": jax.device_get(stats),
+                "metrics": reduce_sample_metrics(metrics, agent_ids=sampler.agent_ids,
+                                                 module_ids=sampler.module_ids),
+                "time_s": elapsed, "seeds": seed_list}
 
     # ------------------------------------------------------------------ weights
     @property
