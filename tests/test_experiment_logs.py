@@ -123,3 +123,37 @@ def test_ray_counters_in_a_real_ray_instance():
         ray_metrics.Counter.inc = original
         ray.shutdown()
     assert "ray" in sys.modules
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_group_of_remote_runners_merges_custom_metrics():
+    """Remote runners (Ray actors) run the device callbacks; the group's custom metrics are
+    the pooled reductions of the runners' windows and its lifetime sums the episodes."""
+    import jax.numpy as jnp
+    import numpy as np
+    import ray
+
+    import distributed_helpers as helpers
+
+    config = helpers.small_config(2).callbacks(
+        on_episode_start=lambda start: jnp.zeros((), jnp.float32),
+        on_episode_step=lambda s, step: jnp.maximum(s, jnp.abs(step.obs[0])),
+        on_episode_end=lambda s, step: {"max_abs_x": s, "one": jnp.float32(1.0)},
+        custom_metrics={"max_abs_x": "max", "one": "sum"})
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        group = jaxrunner.EnvRunnerGroup(config=config)
+        for _ in range(3):
+            group.sample()
+        metrics = group.get_metrics()
+        windows = group.foreach_env_runner(lambda runner: runner.get_metrics_window(),
+                                           local_env_runner=False)
+        pooled = np.concatenate([w["custom_metrics"]["max_abs_x"]["values"] for w in windows
+                                 if w is not None and w.get("custom_metrics")])
+        assert metrics["num_episodes_lifetime"] > 0
+        assert metrics["one"] == metrics["num_episodes_lifetime"]
+        assert metrics["max_abs_x"] == pytest.approx(pooled.max())
+        group.stop()
+    finally:
+        ray.shutdown()
