@@ -24,7 +24,7 @@ Two ways in, both from `config.environment(...)` through `jaxrunner.envs.registr
 | `navix/` | `navix` | `jaxrunner[navix]` | `NavixEnv` |
 | `xminigrid/` | `xminigrid` | `jaxrunner[xminigrid]` | `XMiniGridEnv` |
 | `pgx/` | `pgx` | `jaxrunner[pgx]` | `PgxEnv` (1 player) / `PgxMultiAgentEnv` |
-| `kinetix/` | `kinetix-env` | none: every release requires `jax<=0.9.0` or older | none (see `docs/env_suites.md`) |
+| `kinetix/` | `kinetix-env` | none: all releases pin `jax<=0.9.0` | none (`docs/env_suites.md`) |
 """
 
 from __future__ import annotations
