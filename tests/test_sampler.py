@@ -1,4 +1,5 @@
-"""The pure sampler (`jaxrunner.Sampler`): the runner's rollout inside the user's own jit.
+"""The pure sampler (`jaxrunner.Sampler`): the runner's rollout inside the user's own jit
+(single- and multi-agent).
 
 Pinned: a fused loop of `sample()` calls equals the same number of `runner.sample()` calls
 (trajectories and `get_metrics()`, bit for bit for a seed) through the state round trip;
@@ -145,3 +146,32 @@ def test_bad_input__raises_clear_errors(runner):
         sampler.from_runner_state(runner.get_state())
     with pytest.raises(ValueError, match="mode must be one of"):
         sampler.chunk_fns("greedy")
+
+
+def test_multi_agent_fused_calls__equal_runner_calls():
+    config = (jaxrunner.RunnerConfig().environment("TicTacToe-v0")
+              .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=6,
+                           max_chunk_length=6)
+              .rl_module(model_config={"fcnet_hiddens": [8]})
+              .multi_agent(policies={"main", "opponent"},
+                           policy_mapping_fn=lambda agent, episode: (
+                               "main" if agent == "player_x" else "opponent"))
+              .debugging(seed=3))
+    runner = jaxrunner.MultiAgentEnvRunner(config=config)
+    start = runner.get_state(components="all")
+    for _ in range(3):
+        runner.sample(num_timesteps=12)
+    expected = comparable(runner.get_metrics())
+    runner.set_state(start)
+    sampler = runner.sampler
+    assert sampler.agent_ids == ("player_x", "player_o")
+    state = sampler.from_runner_state(start)
+    for _ in range(3):
+        state, traj, metrics = sampler.sample_jit(state, sampler.params)
+    reduced = reduce_sample_metrics(metrics, agent_ids=sampler.agent_ids,
+                                    module_ids=sampler.module_ids)
+    assert reduced["num_env_steps_sampled_lifetime"] == 36
+    assert reduced["num_agent_steps_sampled_lifetime"] == expected[
+        "num_agent_steps_sampled_lifetime"]
+    runner.set_state(sampler.to_runner_state(state))
+    assert comparable(runner.get_metrics()) == expected
