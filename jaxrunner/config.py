@@ -282,6 +282,11 @@ _BUILDERS: dict[str, tuple[str, tuple]] = {
          "written into the finished sub-envs ('gymnax' on a step where more finish) "
          "(jaxrunner)."),
         ("partial_reset_ratio", 16, _INT1, "sub-envs per reset computed in 'partial' mode."),
+        ("final_obs_slots_per_env", "auto", _scalar("int", 1, auto_ok=True),
+         "episode ends per sub-env a compiled chunk has room for (their final "
+         "observations are stored, not every step's); 'auto': ceil(chunk length / 8) + 1 "
+         "(chunks of at most 16 steps: every step). A chunk with more ends stops early "
+         "and the next one continues (jaxrunner)."),
         ("shard_envs_across_devices", True, _BOOL, "split the sub-envs over the local devices "
          "with `jax.sharding` (if their count divides num_envs) (jaxrunner)."),
     )),

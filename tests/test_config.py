@@ -329,6 +329,7 @@ DOCUMENTED_DEFAULTS = {
     "autoreset_mode": "gymnax",
     "shard_envs_across_devices": True,
     "partial_reset_ratio": 16,
+    "final_obs_slots_per_env": "auto",
     "check_finite": True,
     "num_consecutive_sub_env_failures_tolerance": 100,
     "model_config": {},

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxrunner.core.final_obs import FinalObsStore, dense_final_obs
+
 
 @struct.dataclass
 class MetricRegisters:
@@ -68,7 +70,10 @@ class Trajectory:
     rewards: jax.Array  # (T, B) float32
     terminated: jax.Array  # (T, B) bool
     truncated: jax.Array  # (T, B) bool
-    final_obs: Any  # (T, B, *obs_shape): next observation before any auto-reset
+    # The final observations (next observation before any auto-reset) of the steps that
+    # ended an episode and of the chunk's last step; every other taken step's is the next
+    # step's `obs`. `final_obs` rebuilds the dense array (`core.final_obs`).
+    final_obs_store: FinalObsStore
     extra_model_outputs: dict  # name -> (T, B, ...): "action_logp", "action_dist_inputs"
     # (T, B) return / length of the episode up to and incl. step t, or None: the compiled
     # rollout does not record them per step (the metric ring derives them from the
@@ -77,6 +82,13 @@ class Trajectory:
     episode_len: jax.Array | None
     failed: jax.Array  # (T, B) bool: the sub-env failed at this step (episode discarded)
     valid: jax.Array  # (T,) bool
+
+    @property
+    def final_obs(self) -> Any:
+        """(T, B, *obs_shape): the next observation before any auto-reset of every step
+        (zeros where not taken), rebuilt from `obs` and `final_obs_store` (numpy for a
+        host trajectory; jitted once per shape, or inline under a trace)."""
+        return dense_final_obs(self.obs, self.final_obs_store, self.valid)
 
 
 @struct.dataclass

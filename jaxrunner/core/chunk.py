@@ -31,6 +31,13 @@ Device callbacks, when the spec has them, run per step after `after_step` on the
 `callback_view` (their state lives in `carry.callbacks`), their per-step metric values are
 one more scan output, and the counted episodes' values are written after the scan. When
 the spec has none, none of this is traced: the chunk is the same program.
+
+Optionally a layout has `row_store`, an object that keeps part of the per-step record
+out of the `(T, ...)` buffers in a fixed-size store carried through the scan (the
+single-agent final observations, `core.final_obs`): `init(record_shape) -> state`,
+`strip(record) -> record` (the record the buffers hold), `write(state, record) ->
+(state, record)`, `room(state) -> bool` (the chunk stops early when False) and
+`finish(state, traj, carry) -> traj`.
 """
 
 from __future__ import annotations
@@ -236,33 +243,43 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         _, record_shape, _, values_shape = jax.eval_shape(
             lambda c, p, e: one_step(c, p, e, cbs, False), carry, params, env_params)
         counts_agents = layout.counts_agent_steps
+        store = getattr(layout, "row_store", None)
 
         def step(loop):
-            c, episodes_done, agent_steps_done = loop
+            c, episodes_done, agent_steps_done, rows = loop
             c, record, _, values = one_step(c, params, env_params, cbs, False)
+            if store is not None:
+                rows, record = store.write(rows, record)
             episodes, agent_steps = layout.record_counts(record)
             episodes_done = episodes_done + episodes
             if counts_agents:
                 agent_steps_done = agent_steps_done + agent_steps
             out = record.replace(valid=None)
-            return (c, episodes_done, agent_steps_done), (out if cbs is None
-                                                          else (out, values))
+            return (c, episodes_done, agent_steps_done, rows), (out if cbs is None
+                                                                else (out, values))
 
         def keep_going(t, loop):
-            _, episodes_done, agent_steps_done = loop
+            _, episodes_done, agent_steps_done, rows = loop
             go = (t < num_steps) & (episodes_done < episodes_limit)
+            if store is not None:
+                go = go & store.room(rows)
             return go & (agent_steps_done < agent_steps_limit) if counts_agents else go
 
         zero = jnp.zeros((), jnp.int32)
+        rows = () if store is None else store.init(record_shape)
+        if store is not None:
+            record_shape = store.strip(record_shape)
         buffers_shape = record_shape.replace(valid=None)
         if cbs is not None:
             buffers_shape = (buffers_shape, values_shape)
-        steps_taken, (carry, _, agent_steps_done), records = scan_while(
-            step, (carry, zero, zero), buffers_shape, spec.chunk_len, keep_going)
+        steps_taken, (carry, _, agent_steps_done, rows), records = scan_while(
+            step, (carry, zero, zero, rows), buffers_shape, spec.chunk_len, keep_going)
         if cbs is not None:
             records, callback_values = records
         traj = layout.decode(records.replace(
             valid=jnp.arange(spec.chunk_len, dtype=jnp.int32) < steps_taken), start)
+        if store is not None:
+            traj = store.finish(rows, traj, carry)
         steps_in_call = call_step_offset + 1 + jnp.arange(spec.chunk_len, dtype=jnp.int32)
         update = write_ring(
             carry.metrics, layout.ring_input(traj), start.vector_step, episodes_limit,

@@ -28,6 +28,7 @@ from jaxrunner.core.carry import ChunkInfo, Lookback, RolloutCarry, Trajectory
 from jaxrunner.core.chunk import (POLICY_MODES, ChunkFns, check_policy_mode, make_chunk_fns,
                                   scan_while)
 from jaxrunner.core.faults import FAILURE_INFO_KEY, mark_step_failed
+from jaxrunner.core.final_obs import FinalObsWriter, slots_for
 from jaxrunner.core.lookback import roll_lookback, zeros_like_steps
 from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, rank_positions, write_ring
 from jaxrunner.modules.distributions import masked_logits, sample_legal
@@ -55,6 +56,9 @@ class RolloutSpec:
     partial_reset_ratio: int = 16  # "partial": ceil(B / ratio) resets computed per step
     restart_failed_sub_environments: bool = False  # recreate failed sub-envs in the scan
     callbacks: Any = None  # core.callbacks.DeviceCallbacks, or None (none traced)
+    # Episode-end rows of the chunk's final-observation store per sub-env ("auto":
+    # ceil(chunk_len / 8) + 1); see `jaxrunner.core.final_obs.slots_for`.
+    final_obs_slots_per_env: int | str = "auto"
 
 
 def sample_action_space(space: gym.spaces.Space, key: jax.Array, batch: int) -> jax.Array:
@@ -186,6 +190,35 @@ def action_mask_fn(env: Any, action_space: Any) -> Callable | None:
     return jax.vmap(env.action_mask, in_axes=(0, None))
 
 
+class _FinalObsRows:
+    """The single-agent layout's `row_store`: the per-step record carries `(ended,
+    final_obs)` in `final_obs_store`, which goes into the chunk's `FinalObsStore` (only the
+    steps that ended an episode, plus the last step) instead of the `(T, B)` buffers."""
+
+    def __init__(self, num_envs: int, slots: int):
+        self.writer = FinalObsWriter(num_envs, slots)
+
+    def init(self, record_shape: Trajectory):
+        _, final_obs = record_shape.final_obs_store
+        return self.writer.init(final_obs)
+
+    @staticmethod
+    def strip(record: Trajectory) -> Trajectory:
+        return record.replace(final_obs_store=None)
+
+    def write(self, state, record: Trajectory):
+        ended, final_obs = record.final_obs_store
+        return self.writer.write(state, ended, final_obs), self.strip(record)
+
+    def room(self, state):
+        return self.writer.room(state)
+
+    def finish(self, state, traj: Trajectory, carry: RolloutCarry) -> Trajectory:
+        last = jnp.maximum(state.t - 1, 0)
+        ended = traj.terminated[last] | traj.truncated[last] | traj.failed[last]
+        return traj.replace(final_obs_store=self.writer.finish(state, ended, carry.obs))
+
+
 class SingleAgentLayout:
     """The chunk's single-agent layout (see the `jaxrunner.core.chunk` protocol)."""
 
@@ -201,6 +234,8 @@ class SingleAgentLayout:
         self._act = make_act_fn(spec, mode)
         self._action_mask = action_mask_fn(spec.env, spec.action_space)
         num_envs = spec.num_envs
+        self.row_store = _FinalObsRows(num_envs, slots_for(
+            num_envs, spec.chunk_len, spec.final_obs_slots_per_env))
         self._initial_module_state = lambda: jax.tree.map(
             lambda x: jnp.broadcast_to(jnp.asarray(x), (num_envs,) + jnp.shape(x)),
             spec.module.get_initial_state())
@@ -251,7 +286,8 @@ class SingleAgentLayout:
         record = Trajectory(
             obs=carry.obs, actions=actions, rewards=step.reward,
             terminated=step.all_terminated, truncated=step.all_truncated,
-            final_obs=step.final_obs, extra_model_outputs=extras, episode_return=None,
+            final_obs_store=(step.ended, step.final_obs), extra_model_outputs=extras,
+            episode_return=None,
             episode_len=None, failed=step.failed, valid=jnp.ones((), jnp.bool_))
         return fields, record
 

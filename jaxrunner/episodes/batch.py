@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner.core.carry import Lookback, Trajectory
+from jaxrunner.core.final_obs import host_rows, join_stores
 from jaxrunner.episodes.single_agent_episode import SingleAgentEpisode
 
 
@@ -70,7 +71,7 @@ class EpisodeBatch(Sequence):
                 "trajectory().")
         if len(self.chunks) == 1:
             return self.chunks[0]
-        return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *self.chunks)
+        return join_trajectories(self.chunks, self.num_envs)
 
     @property
     def num_vector_steps(self) -> int:
@@ -112,9 +113,19 @@ class EpisodeBatch(Sequence):
         chunks, start_count, start_len, lookback = jax.device_get(
             (self.chunks, self._start_episode_count, self._start_episode_len, self._lookback))
         num_steps = self._num_steps
-        traj = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *chunks)
+        joined = join_trajectories(chunks, self.num_envs)
+        store = joined.final_obs_store
+        final_row = host_rows(store)  # flat (t, b) position in `joined` -> store row
         # Chunks may end early (a partial chunk, then a top-up chunk): keep taken steps.
-        traj = jax.tree.map(lambda x: x[traj.valid], traj)
+        taken = np.flatnonzero(joined.valid)
+        traj = jax.tree.map(lambda x: x[joined.valid], joined.replace(final_obs_store=None))
+
+        def final_obs_at(t: int, b: int):
+            """The final observation of taken step `t` (of `traj`) on sub-env `b`."""
+            row = final_row.get(int(taken[t]) * self.num_envs + b)
+            if row is not None:
+                return jax.tree.map(lambda x: x[row], store.obs)
+            return jax.tree.map(lambda x: x[t + 1, b], traj.obs)  # the episode goes on
         done = traj.terminated | traj.truncated  # (T, B)
         failed = traj.failed  # (T, B): the episode ending here is discarded
         ends_at = done | failed
@@ -135,8 +146,8 @@ class EpisodeBatch(Sequence):
                 steps = slice(s, e)
                 pick = lambda tree: jax.tree.map(lambda x: x[steps, b], tree)  # noqa: E731
                 observations = jax.tree.map(
-                    lambda o, f: np.concatenate([o[steps, b], f[e - 1, b][None]], axis=0),
-                    traj.obs, traj.final_obs)
+                    lambda o, f: np.concatenate([o[steps, b], f[None]], axis=0),
+                    traj.obs, final_obs_at(e - 1, b))
                 if k == 0:
                     t_started = int(start_len[b])
                     n_lb = min(lookback_len, t_started)
@@ -209,3 +220,14 @@ def _episode_batch_from_state(state: dict) -> EpisodeBatch:
     batch.__dict__.update(state)
     batch._episodes = None
     return batch
+
+
+def join_trajectories(chunks, num_envs: int) -> Trajectory:
+    """`Trajectory` chunks (device or host) joined along time, one `Trajectory`
+    `(sum T, B, ...)` whose final-observation store holds all the chunks' rows."""
+    xp = np if isinstance(chunks[0].rewards, np.ndarray) else jnp
+    stores = [chunk.final_obs_store for chunk in chunks]
+    joined = jax.tree.map(lambda *xs: xp.concatenate(xs, axis=0),
+                          *[chunk.replace(final_obs_store=None) for chunk in chunks])
+    return joined.replace(final_obs_store=join_stores(
+        stores, [chunk.rewards.shape[0] for chunk in chunks], num_envs))

@@ -62,6 +62,9 @@ CONNECTOR_COMPONENTS = (COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_E
 # step completing (an env whose agents never get an observation nor finish).
 MAX_IDLE_VECTOR_STEPS = 100_000
 
+# Vector steps of the call before the next chunk, summed on the device (no host sync).
+_add_steps = jax.jit(lambda offset, steps: (offset + steps).astype(jnp.int32))
+
 
 def _as_set(components: Any) -> set[str] | None:
     if components is None:
@@ -462,21 +465,27 @@ class CompiledEnvRunner(EnvRunner):
             while planned > 0:
                 first_new = len(infos)
                 call_offset = vector_steps
+                offset = np.int32(vector_steps)  # on the device after the first chunk
                 while planned > 0:
                     steps = min(planned, chunk_len)
-                    self._run_chunk(fns, steps, NO_EPISODE_LIMIT, NO_EPISODE_LIMIT,
-                                    vector_steps, chunks, infos)
-                    vector_steps += steps
+                    info = self._run_chunk(fns, steps, NO_EPISODE_LIMIT, NO_EPISODE_LIMIT,
+                                           offset, chunks, infos)
+                    offset = _add_steps(offset, info.num_steps)
                     planned -= steps
-                # One scalar transfer per round; the rest of the chunk infos only when a
-                # sub-env failed.
-                if any(int(n) for n in jax.device_get(
-                        [info.num_failures for info in infos[first_new:]])):
+                # One transfer per round of the chunks' step and failure counts (a chunk
+                # stops early when its final-observation store is full); the rest of the
+                # chunk infos only when a sub-env failed.
+                taken, failures = jax.device_get(
+                    ([info.num_steps for info in infos[first_new:]],
+                     [info.num_failures for info in infos[first_new:]]))
+                vector_steps += sum(int(n) for n in taken)
+                if any(int(n) for n in failures):
                     discarded += self._book_failures(jax.device_get(infos[first_new:]),
                                                      call_offset)
                 returned = vector_steps * self.num_envs - discarded
-                if restart and returned < num_timesteps:
-                    # Failed episodes were discarded: top up to the promised size.
+                if returned < num_timesteps:
+                    # Failed episodes were discarded (with restart) or a chunk stopped
+                    # early: top up to the promised size.
                     planned = math.ceil((num_timesteps - returned) / self.num_envs)
             batch_mode = "timesteps"
         if self._failures_this_call:
@@ -494,7 +503,8 @@ class CompiledEnvRunner(EnvRunner):
                    call_offset: int, chunks: list, infos: list):
         carry, lookback, traj, info = fns["chunk"](
             self._carry, self._lookback, self._params, self.env_params, np.int32(num_steps),
-            np.int32(episodes_limit), np.int32(agent_steps_limit), np.int32(call_offset))
+            np.int32(episodes_limit), np.int32(agent_steps_limit),
+            call_offset if isinstance(call_offset, jax.Array) else np.int32(call_offset))
         self._carry, self._lookback = carry, lookback
         if info.custom_metric_sums is not None:
             self._device_metrics.add_chunk_sums(info.custom_metric_sums)

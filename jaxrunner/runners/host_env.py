@@ -64,6 +64,7 @@ from flax import struct
 
 from jaxrunner.core.carry import Lookback, MetricRegisters, RolloutCarry, Trajectory
 from jaxrunner.core.faults import all_finite
+from jaxrunner.core.final_obs import store_from_dense
 from jaxrunner.core.lookback import roll_lookback
 from jaxrunner.core.ring import RingInput, write_ring
 from jaxrunner.core.rollout import RolloutSpec, make_act_fn, sample_action_space
@@ -328,7 +329,8 @@ class _ChunkBuffer:
         # rollout does not return them either.
         return Trajectory(obs=self.obs, actions=self.actions, rewards=self.rewards,
                           terminated=self.terminated, truncated=self.truncated,
-                          final_obs=self.final_obs, extra_model_outputs=self.extras,
+                          final_obs_store=store_from_dense(self.final_obs, self.valid),
+                          extra_model_outputs=self.extras,
                           episode_return=None, episode_len=None, failed=self.failed,
                           valid=self.valid)
 

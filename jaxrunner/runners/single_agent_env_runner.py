@@ -230,6 +230,7 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
             partial_reset_ratio=self.config.partial_reset_ratio,
             restart_failed_sub_environments=self.config.restart_failed_sub_environments,
             callbacks=self._device_callbacks,
+            final_obs_slots_per_env=self.config.final_obs_slots_per_env,
         )
         return make_rollout_fns(spec, mode)
 
