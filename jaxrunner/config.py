@@ -282,6 +282,10 @@ _BUILDERS: dict[str, tuple[str, tuple]] = {
          "written into the finished sub-envs ('gymnax' on a step where more finish) "
          "(jaxrunner)."),
         ("partial_reset_ratio", 16, _INT1, "sub-envs per reset computed in 'partial' mode."),
+        ("record_action_dist_inputs", True, _BOOL,
+         "record the module's action_dist_inputs per step as an extra model output "
+         "(B x D floats a step; RLlib learners read it, jaxrunner's PPO does not) "
+         "(jaxrunner)."),
         ("final_obs_slots_per_env", "auto", _scalar("int", 1, auto_ok=True),
          "episode ends per sub-env a compiled chunk has room for (their final "
          "observations are stored, not every step's); 'auto': ceil(chunk length / 8) + 1 "

@@ -59,6 +59,9 @@ class RolloutSpec:
     # Episode-end rows of the chunk's final-observation store per sub-env ("auto":
     # ceil(chunk_len / 8) + 1); see `jaxrunner.core.final_obs.slots_for`.
     final_obs_slots_per_env: int | str = "auto"
+    # Record the module's `action_dist_inputs` (B, D) float32 per step (an extra model
+    # output RLlib learners read; jaxrunner's PPO does not).
+    record_action_dist_inputs: bool = True
 
 
 def sample_action_space(space: gym.spaces.Space, key: jax.Array, batch: int) -> jax.Array:
@@ -171,6 +174,8 @@ def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
             if stateful:
                 module_state = out["state_out"]
                 extras["state_out"] = module_state
+        if not spec.record_action_dist_inputs:
+            extras.pop("action_dist_inputs")
         m2e_state, env_actions = spec.module_to_env(m2e_state, actions, ctx)
         env_actions = jnp.asarray(env_actions).astype(spec.env_action_dtype)
         return actions, env_actions, extras, (e2m_state, m2e_state), module_state
@@ -236,6 +241,17 @@ class SingleAgentLayout:
         num_envs = spec.num_envs
         self.row_store = _FinalObsRows(num_envs, slots_for(
             num_envs, spec.chunk_len, spec.final_obs_slots_per_env))
+        # Extra model outputs that are constants in this mode: filled in after the scan
+        # instead of written at every step (random actions: zero distribution inputs and,
+        # without an action mask, the uniform log-probability).
+        self._constant_extras: dict[str, tuple] = {}
+        if mode == "random":
+            if spec.record_action_dist_inputs:
+                self._constant_extras["action_dist_inputs"] = (
+                    (spec.module.action_dist_input_dim,), 0.0)
+            if self._action_mask is None:
+                self._constant_extras["action_logp"] = (
+                    (), float(_uniform_logp(spec.action_space, 1)[0]))
         self._initial_module_state = lambda: jax.tree.map(
             lambda x: jnp.broadcast_to(jnp.asarray(x), (num_envs,) + jnp.shape(x)),
             spec.module.get_initial_state())
@@ -275,6 +291,7 @@ class SingleAgentLayout:
 
     def after_step(self, carry: RolloutCarry, acted, step, env_params):
         actions, extras, connector_state, module_state = acted
+        extras = {k: v for k, v in extras.items() if k not in self._constant_extras}
         ended = step.ended
         fields = dict(
             episode_return=jnp.where(ended, 0.0, carry.episode_return + step.reward),
@@ -308,9 +325,24 @@ class SingleAgentLayout:
     def begin_chunk(carry, call_step_offset):
         return carry
 
-    @staticmethod
-    def decode(records: Trajectory, start) -> Trajectory:
-        return records
+    def _with_constant_extras(self, extras: dict, steps: tuple, valid=None) -> dict:
+        """`extras` plus this mode's constant ones, `steps + (B, ...)` float32 (zeros
+        where `valid` `steps` is False, as the buffers of steps not taken)."""
+        extras = dict(extras)
+        for name, (shape, value) in self._constant_extras.items():
+            full = (*steps, self.spec.num_envs, *shape)
+            if valid is None:
+                extras[name] = jax.ShapeDtypeStruct(full, jnp.float32)
+            else:
+                extras[name] = jnp.where(valid.reshape(valid.shape + (1,) * (len(full) - 1)),
+                                         jnp.float32(value), jnp.zeros(full, jnp.float32))
+        return extras
+
+    def decode(self, records: Trajectory, start) -> Trajectory:
+        if not self._constant_extras:
+            return records
+        return records.replace(extra_model_outputs=self._with_constant_extras(
+            records.extra_model_outputs, records.valid.shape, records.valid))
 
     @staticmethod
     def ring_input(traj: Trajectory) -> RingInput:
@@ -325,7 +357,8 @@ class SingleAgentLayout:
         zeros = lambda tree: zeros_like_steps(tree, self.spec.lookback_len)  # noqa: E731
         return Lookback(obs=zeros(record.obs), actions=zeros(record.actions),
                         rewards=zeros(record.rewards),
-                        extra_model_outputs=zeros(record.extra_model_outputs))
+                        extra_model_outputs=zeros(self._with_constant_extras(
+                            record.extra_model_outputs, ())))
 
     @staticmethod
     def roll_lookback(lookback: Lookback, traj: Trajectory, steps_taken) -> Lookback:

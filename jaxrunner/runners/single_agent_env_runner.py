@@ -231,6 +231,7 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
             restart_failed_sub_environments=self.config.restart_failed_sub_environments,
             callbacks=self._device_callbacks,
             final_obs_slots_per_env=self.config.final_obs_slots_per_env,
+            record_action_dist_inputs=self.config.record_action_dist_inputs,
         )
         return make_rollout_fns(spec, mode)
 
