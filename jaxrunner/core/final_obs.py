@@ -170,16 +170,18 @@ def dense_final_obs(obs: Any, store: FinalObsStore, valid: Any) -> Any:
     return _dense_jit(obs, store, valid)
 
 
-def store_from_dense(final_obs: Any, valid: np.ndarray) -> FinalObsStore:
-    """A host store holding every taken step's final observation (`final_obs` `(T, B,
-    ...)` numpy, `valid` `(T,)`): for host-stepped envs, whose rows are on the host
-    anyway. Fixed size `T * B`."""
+def store_from_dense(final_obs: Any, valid: Any) -> FinalObsStore:
+    """A store holding every taken step's final observation (`final_obs` `(T, B, ...)`,
+    `valid` `(T,)`): for host-stepped envs, whose rows are on the host anyway, and for
+    trajectories joined along the sub-env axis. Fixed size `T * B`; numpy for host
+    arrays, else jax."""
+    xp = np if _is_host((final_obs, valid)) else jnp
     leaves = jax.tree.leaves(final_obs)
     num_steps, num_envs = leaves[0].shape[:2]
-    flat = np.arange(num_steps * num_envs, dtype=np.int32).reshape(num_steps, num_envs)
-    index = np.where(np.asarray(valid)[:, None], flat, UNUSED).reshape(-1)
+    flat = xp.arange(num_steps * num_envs, dtype=np.int32).reshape(num_steps, num_envs)
+    index = xp.where(xp.asarray(valid)[:, None], flat, UNUSED).reshape(-1)
     return FinalObsStore(index=index, obs=jax.tree.map(
-        lambda x: np.asarray(x).reshape((num_steps * num_envs,) + x.shape[2:]), final_obs))
+        lambda x: xp.asarray(x).reshape((num_steps * num_envs,) + x.shape[2:]), final_obs))
 
 
 def join_stores(stores: list[FinalObsStore], chunk_lens: list[int], num_envs: int
