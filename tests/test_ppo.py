@@ -243,3 +243,19 @@ def test_train__time_budget_stops_the_call():
     with pytest.raises(ValueError, match="time_budget_s"):
         learner.train(runner, time_budget_s=0)
     runner.stop()
+
+
+def test_update__joins_batches_of_several_runners_along_the_sub_env_axis(runner_and_learner):
+    """A group's `sample()` gives one batch per runner; each runner's final-observation
+    store indexes its own `(T, B)` positions, so the joined trajectory must carry the
+    dense final observations of every runner side by side."""
+    runner, learner = runner_and_learner
+    first, second = runner.sample(), runner.sample()
+    from jaxrunner.learners.ppo import _as_trajectory
+
+    joined = _as_trajectory([first, second])
+    expected = [np.asarray(b.trajectory().final_obs) for b in (first, second)]
+    np.testing.assert_array_equal(np.asarray(joined.final_obs),
+                                  np.concatenate(expected, axis=1))
+    stats = jax.device_get(learner.update([first, second]))
+    assert all(np.isfinite(float(v)) for v in stats.values())
