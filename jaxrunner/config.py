@@ -198,7 +198,7 @@ _ENV = _optional("Any", "a registered name or gymnax id (str), a callable creato
 
 
 def _custom_metrics(name, value):
-    from jaxrunner.callbacks import _coerce_custom_metrics
+    from jaxrunner.callbacks import _coerce_custom_metrics  # lazy: callbacks imports config
 
     return _coerce_custom_metrics(name, value)
 
@@ -351,8 +351,8 @@ _BUILDERS: dict[str, tuple[str, tuple]] = {
          "transfer of each batch)."),
         ("on_sample_end", None, _CALLABLE, "host: `(env_runner, metrics_logger, samples)` "
          "at the end of each `sample()`."),
-        ("custom_metrics", {}, _Check("dict | None", lambda name, value: _custom_metrics(
-            name, value)), "{name: 'mean' | 'min' | 'max' | 'sum' | MetricSpec | dict} how "
+        ("custom_metrics", {}, _Check("dict | None", _custom_metrics),
+         "{name: 'mean' | 'min' | 'max' | 'sum' | MetricSpec | dict} how "
          "on_episode_end's metrics reduce (default 'mean' over the episode window) "
          "(jaxrunner)."),
     )),
