@@ -8,7 +8,8 @@ so any `sample()` size reuses the same compiled program.
 The chunk owns what every layout shares: the key splits, the vmapped reset, the
 auto-reset step (`core.autoreset`), failure detection and per-sub-env recreation
 (`core.faults`), the episode and failure counters, `scan_while` with its limits and
-validity mask, the metric ring write (`core.ring`), the lookback roll and the chunk info.
+validity mask, the metric ring write (`core.ring`), the lookback roll and the chunk info (the
+last three in `finish_chunk`, which shells that step the env on the host reuse).
 The layout (`core.rollout.SingleAgentLayout`, `core.multi_agent_rollout.MultiAgentLayout`)
 supplies only what differs: who acts and how (modules, connectors), its own carry fields
 (pending agent steps, reward accumulation, ...), the compact per-step record and its
@@ -274,45 +275,71 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             buffers_shape = (buffers_shape, values_shape)
         steps_taken, (carry, _, agent_steps_done, rows), records = scan_while(
             step, (carry, zero, zero, rows), buffers_shape, spec.chunk_len, keep_going)
+        callback_values = None
         if cbs is not None:
             records, callback_values = records
-        traj = layout.decode(records.replace(
-            valid=jnp.arange(spec.chunk_len, dtype=jnp.int32) < steps_taken), start)
-        if store is not None:
-            traj = store.finish(rows, traj, carry)
-        steps_in_call = call_step_offset + 1 + jnp.arange(spec.chunk_len, dtype=jnp.int32)
-        update = write_ring(
-            carry.metrics, layout.ring_input(traj), start.vector_step, episodes_limit,
-            start_episode_len=start.episode_len,
-            start_episode_return=getattr(start, "episode_return", None),
-            end_episode_len=carry.episode_len, steps_in_call=steps_in_call)
-        carry = layout.after_ring(carry.replace(metrics=update.registers), traj, start,
-                                  update)
-        extras = layout.info_extras(start, carry, traj, agent_steps_done)
-        if cbs is not None:
-            part, extras["custom_metric_sums"] = cbs.write(
-                carry.callbacks, layout.ring_input(traj), callback_values, episodes_limit)
-            carry = carry.replace(callbacks=part)
-        lookback = layout.roll_lookback(lookback, traj, steps_taken)
-        failed = traj.failed & traj.valid[:, None]
-        any_failed = jnp.any(failed)
-        first = jnp.argmax(failed.reshape(-1))
-        info = ChunkInfo(num_steps=steps_taken, num_episodes=update.num_counted,
-                         episode_env_steps=update.counted_len,
-                         start_episode_count=start.episode_count,
-                         start_episode_len=start.episode_len,
-                         num_failures=jnp.sum(failed.astype(jnp.int32)),
-                         discarded_env_steps=update.discarded.astype(jnp.int32),
-                         first_failure_step=jnp.where(any_failed, first // num_envs, -1),
-                         first_failure_env=jnp.where(any_failed, first % num_envs, -1),
-                         max_consecutive_failures=jnp.max(carry.consecutive_failures),
-                         **extras)
-        return carry, lookback, traj, info
+        return finish_chunk(layout, carry, start, lookback, records, steps_taken,
+                            episodes_limit, call_step_offset, agent_steps_done,
+                            rows=rows if store is not None else None, callbacks=cbs,
+                            callback_values=callback_values)
 
     return ChunkFns(init_carry=init_carry, reset_carry=reset_carry,
                     init_lookback=init_lookback, chunk=chunk, vector_step=vector_step,
                     bound_callbacks=None if callbacks is None else bound_callbacks)
 
 
-__all__ = ["ChunkFns", "POLICY_MODES", "StepOutcome", "check_policy_mode", "make_chunk_fns",
-           "scan_while", "strong_types"]
+def finish_chunk(layout: Any, carry: Any, start: Any, lookback: Any, records: Any,
+                 steps_taken: jax.Array, episodes_limit: jax.Array,
+                 call_step_offset: jax.Array, agent_steps_done: jax.Array, *,
+                 rows: Any = None, callbacks: Any = None,
+                 callback_values: Any = None) -> tuple:
+    """A chunk's finish after its steps: decode, metric ring, lookback roll, `ChunkInfo`.
+
+    Pure; shared by the compiled `chunk` and by shells that step the env on the host and
+    collect the layout's per-step records themselves.
+
+    `carry`: the layout's carry after the last step taken; `start`: the carry the chunk
+    began with (after `layout.begin_chunk`); `records`: the layout's per-step records in
+    `(T, ...)` buffers with `valid=None` (`T = spec.chunk_len`, zeros past
+    `steps_taken`); `steps_taken`, `episodes_limit`, `call_step_offset`,
+    `agent_steps_done`: () int32 (see `make_chunk_fns`'s `chunk`). `rows`: the layout's
+    `row_store` state, when it has one. `callbacks` / `callback_values`: the bound device
+    callbacks and their `(T, B, K)` per-step values, when the spec has callbacks.
+    Returns `(carry, lookback, trajectory, ChunkInfo)`."""
+    spec = layout.spec
+    num_envs, chunk_len = spec.num_envs, spec.chunk_len
+    traj = layout.decode(records.replace(
+        valid=jnp.arange(chunk_len, dtype=jnp.int32) < steps_taken), start)
+    if rows is not None:
+        traj = layout.row_store.finish(rows, traj, carry)
+    steps_in_call = call_step_offset + 1 + jnp.arange(chunk_len, dtype=jnp.int32)
+    update = write_ring(
+        carry.metrics, layout.ring_input(traj), start.vector_step, episodes_limit,
+        start_episode_len=start.episode_len,
+        start_episode_return=getattr(start, "episode_return", None),
+        end_episode_len=carry.episode_len, steps_in_call=steps_in_call)
+    carry = layout.after_ring(carry.replace(metrics=update.registers), traj, start, update)
+    extras = layout.info_extras(start, carry, traj, agent_steps_done)
+    if callbacks is not None:
+        part, extras["custom_metric_sums"] = callbacks.write(
+            carry.callbacks, layout.ring_input(traj), callback_values, episodes_limit)
+        carry = carry.replace(callbacks=part)
+    lookback = layout.roll_lookback(lookback, traj, steps_taken)
+    failed = traj.failed & traj.valid[:, None]
+    any_failed = jnp.any(failed)
+    first = jnp.argmax(failed.reshape(-1))
+    info = ChunkInfo(num_steps=steps_taken, num_episodes=update.num_counted,
+                     episode_env_steps=update.counted_len,
+                     start_episode_count=start.episode_count,
+                     start_episode_len=start.episode_len,
+                     num_failures=jnp.sum(failed.astype(jnp.int32)),
+                     discarded_env_steps=update.discarded.astype(jnp.int32),
+                     first_failure_step=jnp.where(any_failed, first // num_envs, -1),
+                     first_failure_env=jnp.where(any_failed, first % num_envs, -1),
+                     max_consecutive_failures=jnp.max(carry.consecutive_failures),
+                     **extras)
+    return carry, lookback, traj, info
+
+
+__all__ = ["ChunkFns", "POLICY_MODES", "StepOutcome", "check_policy_mode", "finish_chunk",
+           "make_chunk_fns", "scan_while", "strong_types"]
