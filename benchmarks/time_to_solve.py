@@ -84,28 +84,42 @@ def _curve_row(time_s: float, env_steps: int, ret: float | None) -> dict:
             "episode_return_mean": None if ret is None else float(ret)}
 
 
+def _runner_config(env_id: str, seed: int, hp: Hyper) -> Any:
+    """The jaxrunner config of one PPO agent: `hp`'s env count, rollout length and MLP,
+    RLlib's smoothing window."""
+    import jaxrunner
+
+    return (jaxrunner.RunnerConfig().environment(env_id)
+            .env_runners(num_envs_per_env_runner=hp.num_envs,
+                         rollout_fragment_length=hp.num_steps)
+            .rl_module(model_config={"fcnet_hiddens": list(hp.hiddens),
+                                     "fcnet_activation": "tanh"})
+            .reporting(metrics_num_episodes_for_smoothing=SMOOTHING)
+            .debugging(seed=seed))
+
+
+def _ppo_config(hp: Hyper, **kwargs: Any) -> Any:
+    """The reference learner's `PPOConfig` with `hp`'s hyperparameters (and `kwargs`)."""
+    from jaxrunner.learners import PPOConfig
+
+    return PPOConfig(learning_rate=hp.learning_rate, gamma=hp.gamma, gae_lambda=hp.gae_lambda,
+                     clip_eps=hp.clip_eps, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
+                     num_epochs=hp.num_epochs, num_minibatches=hp.num_minibatches,
+                     max_grad_norm=hp.max_grad_norm, reward_scale=hp.reward_scale, **kwargs)
+
+
 # ====================================================================== jaxrunner PPO
 def run_jaxrunner(env_id: str, seed: int, hp: Hyper, max_time_s: float) -> dict:
     """jaxrunner runner + reference PPO learner; the clock starts before the runner."""
     import jax
 
     import jaxrunner
-    from jaxrunner.learners import PPOConfig, PPOLearner
+    from jaxrunner.learners import PPOLearner
 
     start = time.perf_counter()
-    config = (jaxrunner.RunnerConfig().environment(env_id)
-              .env_runners(num_envs_per_env_runner=hp.num_envs,
-                           rollout_fragment_length=hp.num_steps)
-              .rl_module(model_config={"fcnet_hiddens": list(hp.hiddens),
-                                       "fcnet_activation": "tanh"})
-              .reporting(metrics_num_episodes_for_smoothing=SMOOTHING)
-              .debugging(seed=seed))
+    config = _runner_config(env_id, seed, hp)
     runner = jaxrunner.SingleAgentEnvRunner(config=config)
-    learner = PPOLearner.from_runner(runner, PPOConfig(
-        learning_rate=hp.learning_rate, gamma=hp.gamma, gae_lambda=hp.gae_lambda,
-        clip_eps=hp.clip_eps, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
-        num_epochs=hp.num_epochs, num_minibatches=hp.num_minibatches,
-        max_grad_norm=hp.max_grad_norm, reward_scale=hp.reward_scale, seed=seed))
+    learner = PPOLearner.from_runner(runner, _ppo_config(hp, seed=seed))
     setup_s = time.perf_counter() - start
     curve: list[dict] = []
     max_iterations = math.ceil(hp.max_env_steps / hp.batch_size)
@@ -470,7 +484,7 @@ def run_jaxrunner_batched(env_id: str, seeds: list[int], hp: Hyper, max_time_s: 
     import numpy as np
 
     import jaxrunner
-    from jaxrunner.learners import PPOConfig, PPOLearner
+    from jaxrunner.learners import PPOLearner
     from jaxrunner.modules.rl_module import DefaultMLPModule, RLModule
 
     class Population(RLModule):
@@ -515,11 +529,7 @@ def run_jaxrunner_batched(env_id: str, seeds: list[int], hp: Hyper, max_time_s: 
     obs_space, act_space = runner.get_spaces()["default_policy"]
     member = DefaultMLPModule(obs_space, act_space, {"fcnet_hiddens": list(hp.hiddens),
                                                      "fcnet_activation": "tanh"})
-    learner = PPOLearner(member, PPOConfig(
-        learning_rate=hp.learning_rate, gamma=hp.gamma, gae_lambda=hp.gae_lambda,
-        clip_eps=hp.clip_eps, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
-        num_epochs=hp.num_epochs, num_minibatches=hp.num_minibatches,
-        max_grad_norm=hp.max_grad_norm, reward_scale=hp.reward_scale))
+    learner = PPOLearner(member, _ppo_config(hp))
     members = [learner.init_state(jax.random.key(seed)) for seed in seeds]
     states = jax.tree.map(lambda *xs: jnp.stack(xs), *members)
     update = jax.jit(jax.vmap(learner.update_fn))
@@ -599,21 +609,11 @@ def make_fused_pieces(env_id: str, seed: int, hp: Hyper) -> tuple[Any, Any]:
     """`(sampler, learner)`: jaxrunner's pure sampler (`jaxrunner.make_sampler`) and the
     reference PPO learner, with the hyperparameters every side uses."""
     import jaxrunner
-    from jaxrunner.learners import PPOConfig, PPOLearner
+    from jaxrunner.learners import PPOLearner
 
-    config = (jaxrunner.RunnerConfig().environment(env_id)
-              .env_runners(num_envs_per_env_runner=hp.num_envs,
-                           rollout_fragment_length=hp.num_steps)
-              .rl_module(model_config={"fcnet_hiddens": list(hp.hiddens),
-                                       "fcnet_activation": "tanh"})
-              .reporting(metrics_num_episodes_for_smoothing=SMOOTHING)
-              .debugging(seed=seed))
+    config = _runner_config(env_id, seed, hp)
     sampler = jaxrunner.make_sampler(config)
-    learner = PPOLearner.from_sampler(sampler, PPOConfig(
-        learning_rate=hp.learning_rate, gamma=hp.gamma, gae_lambda=hp.gae_lambda,
-        clip_eps=hp.clip_eps, vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
-        num_epochs=hp.num_epochs, num_minibatches=hp.num_minibatches,
-        max_grad_norm=hp.max_grad_norm, reward_scale=hp.reward_scale, seed=seed))
+    learner = PPOLearner.from_sampler(sampler, _ppo_config(hp, seed=seed))
     return sampler, learner
 
 
