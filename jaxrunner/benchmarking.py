@@ -22,8 +22,10 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrunner.config import RunnerConfig
+from jaxrunner.core.chunk import strong_types
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner
 
 
@@ -38,62 +40,106 @@ class _PolicyNet(nn.Module):
         return nn.Dense(self.out_dim)(x)
 
 
-def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
-                   random_actions: bool, seed: int = 0) -> Callable[[], None]:
-    """A hand-written PureJaxRL-style rollout of a gymnax id or an `(env, params)` pair
-    (e.g. an adapted env suite's); returns `run()` that does one rollout."""
-    import gymnax
+def make_policy(obs_size: int, action_space: Any, hiddens: tuple[int, ...], *,
+                random_actions: bool = False, seed: int = 0
+                ) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+    """The bare rollouts' policy: `act(obs [B, ...], key) -> (action, logp [B] float32)`.
 
-    env, params = gymnax.make(env_id) if isinstance(env_id, str) else env_id
-    action_space = env.action_space(params)
+    An MLP of `hiddens` (tanh) on the flattened float32 observation, as jaxrunner's default
+    policy net: for an `action_space` with `n` a sampled categorical action (`[B]`),
+    otherwise a Gaussian (mean and log-std heads) sampled and clipped to the space's
+    `low`/`high` (`[B, A]`), with its log-density up to the constant. `random_actions`:
+    `action_space.sample` per sub-env, logp zeros. `action_space` is read by attribute
+    (gymnax's and the suites' own spaces)."""
     discrete = hasattr(action_space, "n")
-    out_dim = action_space.n if discrete else 2 * action_space.shape[0]
-    net = _PolicyNet(hiddens, out_dim)
-    key = jax.random.key(seed)
-    obs_shape = env.observation_space(params).shape
-    weights = net.init(key, jnp.zeros((1, int(jnp.prod(jnp.array(obs_shape))))))
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, num_envs),
-                                                         params)
+    out_dim = int(action_space.n) if discrete else 2 * int(action_space.shape[0])
+    net = _PolicyNet(tuple(hiddens), out_dim)
+    weights = net.init(jax.random.key(seed), jnp.zeros((1, obs_size)))
 
-    def policy(obs, key):
+    def act(obs, key):
+        num_envs = obs.shape[0]
         if random_actions:
-            return jax.vmap(action_space.sample)(jax.random.split(key, num_envs)), jnp.zeros(
-                (num_envs,))
-        out = net.apply(weights, obs.reshape(num_envs, -1))
+            return (jax.vmap(action_space.sample)(jax.random.split(key, num_envs)),
+                    jnp.zeros((num_envs,)))
+        out = net.apply(weights, obs.reshape(num_envs, -1).astype(jnp.float32))
         if discrete:
             action = jax.random.categorical(key, out)
             logp = jnp.take_along_axis(jax.nn.log_softmax(out), action[:, None], 1)[:, 0]
             return action, logp
         mean, log_std = jnp.split(out, 2, axis=-1)
-        action = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
-        low, high = action_space.low, action_space.high
-        return jnp.clip(action, low, high), jnp.sum(-log_std, axis=-1)
+        noise = jax.random.normal(key, mean.shape)
+        logp = jnp.sum(-0.5 * noise * noise - log_std, axis=-1)
+        action = jnp.clip(mean + jnp.exp(log_std) * noise, action_space.low, action_space.high)
+        return action, logp
 
-    def step(carry, _):
+    return act
+
+
+def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: int,
+                      num_steps: int, seed: int = 0) -> Callable[[], Any]:
+    """A PureJaxRL-style rollout, jitted: `run()` does one `lax.scan` of `num_steps` steps.
+
+    `reset(keys [B]) -> (obs, state)` and `step(keys [B], state, action) -> (obs, state,
+    reward [B], done [B])` work on all `num_envs` sub-envs at once (the env's own
+    auto-reset inside `step`); `act` as `make_policy` returns. The scan keeps what a
+    minimal PPO rollout keeps (obs, action, reward, done, logp per step) and sums finished
+    episodes' returns on device. The carry holds strong types only, so the second call
+    runs the first call's program (no recompilation in the timed calls). `run()` returns
+    the rollout's time-major trajectory `(obs, action, reward, done, logp)`, each
+    `[num_steps, num_envs, ...]`, on device; it is not called here."""
+
+    def body(carry, _):
         obs, state, key, ret, ret_sum, episodes = carry
         key, act_key, step_key = jax.random.split(key, 3)
-        action, logp = policy(obs, act_key)
-        next_obs, state, reward, terminated, truncated, _ = jax.vmap(
-            env.step, in_axes=(0, 0, 0, None))(jax.random.split(step_key, num_envs), state,
-                                               action, params)
-        done = terminated | truncated
+        action, logp = act(obs, act_key)
+        next_obs, state, reward, done = step(jax.random.split(step_key, num_envs), state,
+                                             action)
         ret = ret + reward
         ret_sum = ret_sum + jnp.sum(jnp.where(done, ret, 0.0))
         episodes = episodes + jnp.sum(done)
         ret = jnp.where(done, 0.0, ret)
-        return (next_obs, state, key, ret, ret_sum, episodes), (obs, action, reward, done, logp)
+        return (next_obs, state, key, ret, ret_sum, episodes), (obs, action, reward, done,
+                                                                logp)
 
     @jax.jit
     def rollout(carry):
-        return jax.lax.scan(step, carry, None, length=num_steps)
+        carry, traj = jax.lax.scan(body, carry, None, length=num_steps)
+        return strong_types(carry), traj
 
-    holder = {"carry": (obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
-                        jnp.zeros((), jnp.int32))}
+    key, reset_key = jax.random.split(jax.random.key(seed))
+    obs, state = jax.jit(reset)(jax.random.split(reset_key, num_envs))
+    holder = {"carry": strong_types((obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
+                                     jnp.zeros((), jnp.int32)))}
 
     def run():
         holder["carry"], traj = rollout(holder["carry"])
-        jax.block_until_ready(traj)
+        return jax.block_until_ready(traj)
 
+    return run
+
+
+def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
+                   random_actions: bool, seed: int = 0) -> Callable[[], None]:
+    """A hand-written PureJaxRL-style rollout of a gymnax id or an `(env, params)` pair
+    (e.g. an adapted env suite's): `make_scan_rollout` over `vmap` of the env's
+    auto-resetting `step` (done = terminated | truncated) with `make_policy`'s policy.
+    Returns `run()` that does one rollout, already called once (compiled)."""
+    import gymnax
+
+    env, params = gymnax.make(env_id) if isinstance(env_id, str) else env_id
+    obs_size = int(np.prod(env.observation_space(params).shape))
+    act = make_policy(obs_size, env.action_space(params), hiddens,
+                      random_actions=random_actions, seed=seed)
+
+    def reset(keys):
+        return jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+
+    def step(keys, state, action):
+        obs, state, reward, terminated, truncated, _ = jax.vmap(
+            env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
+        return obs, state, reward, terminated | truncated
+
+    run = make_scan_rollout(reset, step, act, num_envs, num_steps, seed=seed)
     run()
     return run
 

@@ -1,0 +1,78 @@
+"""The bare rollouts the benchmarks time jaxrunner against (`jaxrunner.benchmarking`):
+what they compute, and that their timed calls run the first call's compiled program."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gymnax.environments import spaces as gx
+
+from jaxrunner import benchmarking
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+
+def test_make_bare_scan__later_calls_compile_nothing(compile_counter):
+    """Pendulum's reset gives weakly typed leaves that its step makes strong: without a
+    strongly typed carry the second call (the first timed one) compiled again."""
+    run = benchmarking.make_bare_scan("Pendulum-v1", 4, 8, (8,), random_actions=False)
+    compile_counter.reset()
+    run()
+    run()
+    assert compile_counter.count == 0, compile_counter.messages
+
+
+def test_make_policy__actions_in_the_space_with_their_logp():
+    obs = jnp.ones((5, 3))
+    key = jax.random.key(1)
+    act = jax.jit(benchmarking.make_policy(3, gx.Discrete(4), (8,)))
+    action, logp = act(obs, key)
+    assert action.shape == (5,) and logp.shape == (5,) and logp.dtype == jnp.float32
+    assert np.all((np.asarray(action) >= 0) & (np.asarray(action) < 4))
+    assert np.all(np.asarray(logp) <= 0.0)
+
+    act = jax.jit(benchmarking.make_policy(3, gx.Box(-0.5, 0.5, (2,)), (8,)))
+    action, logp = act(obs.astype(jnp.uint8), key)  # integer observations are cast
+    assert action.shape == (5, 2) and logp.shape == (5,)
+    assert np.all(np.abs(np.asarray(action)) <= 0.5)
+
+    act = jax.jit(benchmarking.make_policy(3, gx.Discrete(4), (8,), random_actions=True))
+    action, logp = act(obs, key)
+    assert action.shape == (5,) and np.all(np.asarray(logp) == 0.0)
+
+
+def test_make_scan_rollout__matches_a_python_loop_over_the_same_functions():
+    """A counter env (reward = the action, done every third step, then back to 0) with a
+    policy that always takes action 1: the scan's trajectory is the plain loop's."""
+    num_envs, num_steps = 3, 7
+
+    def reset(keys):
+        return jnp.zeros((keys.shape[0],)), jnp.zeros((keys.shape[0],), jnp.int32)
+
+    def step(keys, state, action):
+        state = state + 1
+        done = state == 3
+        state = jnp.where(done, 0, state)
+        return state.astype(jnp.float32), state, action.astype(jnp.float32), done
+
+    def act(obs, key):
+        return jnp.ones(obs.shape[0], jnp.int32), jnp.zeros(obs.shape[0])
+
+    run = benchmarking.make_scan_rollout(reset, step, act, num_envs, num_steps)
+    obs, action, reward, done, logp = map(np.asarray, run())
+    expected_obs, expected_done, state = [], [], 0
+    for _ in range(num_steps):
+        expected_obs.append(state)
+        state = (state + 1) % 3
+        expected_done.append(state == 0)
+    assert obs.shape == (num_steps, num_envs)
+    np.testing.assert_array_equal(obs, np.repeat(np.array(expected_obs, np.float32)[:, None],
+                                                 num_envs, 1))
+    np.testing.assert_array_equal(done, np.repeat(np.array(expected_done)[:, None], num_envs,
+                                                  1))
+    assert np.all(action == 1) and np.all(reward == 1.0) and np.all(logp == 0.0)
+    # The next call continues from the carry: the counter goes on from step 7 (7 % 3 = 1).
+    obs, *_ = map(np.asarray, run())
+    assert obs[0, 0] == num_steps % 3
