@@ -35,51 +35,19 @@ import os
 import time
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from gymnax.environments import spaces as gx
 
-from jaxrunner.benchmarking import compare, machine_info, make_bare_scan
+from jaxrunner.benchmarking import (compare, machine_info, make_bare_scan, make_policy,
+                                    make_scan_rollout)
 from jaxrunner.config import RunnerConfig
+from jaxrunner.core.chunk import strong_types
 from jaxrunner.envs import adapters
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 HIDDENS = (64, 64)
-
-
-class _Policy(nn.Module):
-    """The same layout as jaxrunner's default policy net: tanh MLP, then the logits (or
-    mean and log-std) of the action distribution."""
-
-    out_dim: int
-
-    @nn.compact
-    def __call__(self, x):
-        for width in HIDDENS:
-            x = jnp.tanh(nn.Dense(width)(x))
-        return nn.Dense(self.out_dim)(x)
-
-
-def _policy(obs_size: int, num_actions: int | None, action_size: int | None, seed: int
-            ) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
-    """`act(obs [B, ...], key) -> (action [B] or [B, A], logp [B])`: a sampled categorical
-    (`num_actions`) or Gaussian clipped to [-1, 1] (`action_size`) action."""
-    net = _Policy(num_actions if num_actions is not None else 2 * action_size)
-    weights = net.init(jax.random.key(seed), jnp.zeros((1, obs_size)))
-
-    def act(obs, key):
-        out = net.apply(weights, obs.reshape(obs.shape[0], -1).astype(jnp.float32))
-        if num_actions is not None:
-            action = jax.random.categorical(key, out)
-            logp = jnp.take_along_axis(jax.nn.log_softmax(out), action[:, None], 1)[:, 0]
-            return action, logp
-        mean, log_std = jnp.split(out, 2, axis=-1)
-        noise = jax.random.normal(key, mean.shape)
-        logp = jnp.sum(-0.5 * noise * noise - log_std, axis=-1)
-        return jnp.clip(mean + jnp.exp(log_std) * noise, -1.0, 1.0), logp
-
-    return act
 
 
 def _timed_first_call(run: Callable[[], None]) -> tuple[Callable[[], None], float]:
@@ -89,18 +57,6 @@ def _timed_first_call(run: Callable[[], None]) -> tuple[Callable[[], None], floa
     first = time.perf_counter() - start
     run()
     return run, first
-
-
-def _strong(tree: Any) -> Any:
-    """`tree` with weakly typed leaves made strong, so that a reset's output and a step's
-    have the same types and the jitted rollout does not compile again on its second call
-    (jaxrunner's runner does the same to its carry)."""
-    def leaf(x):
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            return x  # typed keys are never weak
-        return jnp.asarray(x, dtype=x.dtype)
-
-    return jax.tree.map(leaf, tree)
 
 
 # ---------------------------------------------------------------- the suites' own rollouts
@@ -114,7 +70,8 @@ def brax_own_rollout(name: str, num_envs: int, num_steps: int, seed: int = 0,
     from brax.training.acting import generate_unroll
 
     env = wrap(envs.get_environment(name), episode_length=episode_length)
-    act = _policy(env.observation_size, None, env.action_size, seed)
+    act = make_policy(env.observation_size, gx.Box(-1.0, 1.0, (env.action_size,)), HIDDENS,
+                      seed=seed)
 
     def policy(obs, key):
         action, logp = act(obs, key)
@@ -125,10 +82,10 @@ def brax_own_rollout(name: str, num_envs: int, num_steps: int, seed: int = 0,
         key, unroll_key = jax.random.split(key)
         state, data = generate_unroll(env, state, policy, unroll_key, num_steps,
                                       extra_fields=("truncation",))
-        return _strong(state), key, data
+        return strong_types(state), key, data
 
     key = jax.random.PRNGKey(seed)  # Brax's wrappers take raw uint32 keys ((B, 2) batched)
-    holder = {"state": _strong(jax.jit(env.reset)(jax.random.split(key, num_envs))),
+    holder = {"state": strong_types(jax.jit(env.reset)(jax.random.split(key, num_envs))),
               "key": key}
 
     def run():
@@ -138,42 +95,13 @@ def brax_own_rollout(name: str, num_envs: int, num_steps: int, seed: int = 0,
     return _timed_first_call(run)
 
 
-def _purejaxrl_scan(reset, step, obs_size: int, num_actions: int, num_envs: int,
+def _purejaxrl_scan(reset, step, obs_size: int, action_space: Any, num_envs: int,
                     num_steps: int, seed: int) -> tuple[Callable[[], None], float]:
-    """A PureJaxRL-style rollout: `reset(keys) -> (obs, state)`, `step(keys, state,
-    action) -> (obs, state, reward, done)`, both over `[num_envs]`; the scan keeps
-    (obs, action, reward, done, logp) per step and sums finished episodes' returns."""
-    act = _policy(obs_size, num_actions, None, seed)
-
-    def body(carry, _):
-        obs, state, key, ret, ret_sum, episodes = carry
-        key, act_key, step_key = jax.random.split(key, 3)
-        action, logp = act(obs, act_key)
-        next_obs, state, reward, done = step(jax.random.split(step_key, num_envs), state,
-                                             action)
-        ret = ret + reward
-        ret_sum = ret_sum + jnp.sum(jnp.where(done, ret, 0.0))
-        episodes = episodes + jnp.sum(done)
-        ret = jnp.where(done, 0.0, ret)
-        return (next_obs, state, key, ret, ret_sum, episodes), (obs, action, reward, done,
-                                                                logp)
-
-    @jax.jit
-    def rollout(carry):
-        carry, traj = jax.lax.scan(body, carry, None, length=num_steps)
-        return _strong(carry), traj
-
-    key = jax.random.key(seed)
-    key, reset_key = jax.random.split(key)
-    obs, state = _strong(jax.jit(reset)(jax.random.split(reset_key, num_envs)))
-    holder = {"carry": (obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
-                        jnp.zeros((), jnp.int32))}
-
-    def run():
-        holder["carry"], traj = rollout(holder["carry"])
-        jax.block_until_ready(traj)
-
-    return _timed_first_call(run)
+    """The PureJaxRL-style rollout of `jaxrunner.benchmarking` (the one `--adapted-scan`
+    runs on the adapted env) over the suite's own `reset(keys) -> (obs, state)` and
+    `step(keys, state, action) -> (obs, state, reward, done)`, both over `[num_envs]`."""
+    act = make_policy(obs_size, action_space, HIDDENS, seed=seed)
+    return _timed_first_call(make_scan_rollout(reset, step, act, num_envs, num_steps, seed))
 
 
 def craftax_own_rollout(env_id: str, num_envs: int, num_steps: int, seed: int = 0
@@ -194,7 +122,7 @@ def craftax_own_rollout(env_id: str, num_envs: int, num_steps: int, seed: int = 
             keys, state, action, params)
         return obs, state, reward, done
 
-    return _purejaxrl_scan(reset, step, obs_size, env.action_space(params).n, num_envs,
+    return _purejaxrl_scan(reset, step, obs_size, env.action_space(params), num_envs,
                            num_steps, seed)
 
 
@@ -217,8 +145,8 @@ def navix_own_rollout(env_id: str, num_envs: int, num_steps: int, seed: int = 0
         done = timestep.is_done()
         return timestep.observation, timestep, timestep.reward, done
 
-    return _purejaxrl_scan(reset, step, obs_size, int(env.action_space.n), num_envs,
-                           num_steps, seed)
+    return _purejaxrl_scan(reset, step, obs_size, env.action_space, num_envs, num_steps,
+                           seed)
 
 
 CASES: dict[str, tuple[str, Callable[..., tuple[Callable[[], None], float]], int]] = {
