@@ -49,6 +49,11 @@ class MultiCartPole(MultiAgentEnv):
         self.done: set = set()
 
     def reset(self, *, seed=None, options=None):
+        fault = FAULTS.get(("reset", self.index))  # "once" or "always": reset raises
+        if fault is not None:
+            if fault == "once":
+                FAULTS.pop(("reset", self.index))
+            raise RuntimeError("simulated reset crash")
         self.done = set()
         self.agents = list(self.possible_agents)
         obs = {i: pole.reset(seed=1000 * self.resets + i)[0]
@@ -331,7 +336,8 @@ class JoinLeave(MultiAgentEnv):
     step 2 without a last observation (its previous one is duplicated, as RLlib does);
     "late" joins at step 2 (its rewards before that are not its own) and is done with
     `"__all__"` at step 5. Rewards are 1 (stay), 10 (early), 100 (late) at every step.
-    Raises in `step` when `FAULTS["join_leave"]` is set."""
+    Raises in `step` when `FAULTS["join_leave"]` is set, in `reset` when
+    `FAULTS["join_leave_reset"]` is."""
 
     def __init__(self, config=None):
         super().__init__()
@@ -345,6 +351,8 @@ class JoinLeave(MultiAgentEnv):
                 enumerate(self.possible_agents) if a in agents}
 
     def reset(self, *, seed=None, options=None):
+        if FAULTS.pop("join_leave_reset", False):
+            raise RuntimeError("simulated reset crash")
         self.t = 0
         return self._obs(["stay", "early"]), {}
 
@@ -408,6 +416,22 @@ def test_failing_step_without_restart_raises_and_the_runner_recovers(join_leave)
     assert batch.env_steps >= 4 and all(e.env_t_started == 0 for e in batch)
 
 
+def test_failing_reset_without_restart_raises_and_the_runner_recovers(join_leave):
+    join_leave.sample(num_timesteps=2)
+    failures = join_leave.get_metrics()["num_env_step_failures"]
+    FAULTS["join_leave_reset"] = True
+    try:
+        with pytest.raises(RuntimeError, match="Resetting sub-env 0") as info:
+            join_leave.sample(num_timesteps=2, force_reset=True)
+    finally:
+        FAULTS.clear()
+    assert "restart_failed_sub_environments" in str(info.value)
+    assert "simulated reset crash" in str(info.value.__cause__)
+    assert join_leave.get_metrics()["num_env_step_failures"] == failures + 1
+    batch = join_leave.sample(num_timesteps=4)  # a rebuilt env, fresh episodes
+    assert batch.env_steps >= 4 and all(e.env_t_started == 0 for e in batch)
+
+
 # ---------------------------------------------------------------------- faults (restart)
 def test_failing_step_restarts_the_sub_env_and_discards_its_episode(cartpole):
     cartpole.sample(num_timesteps=4)
@@ -424,6 +448,29 @@ def test_failing_step_restarts_the_sub_env_and_discards_its_episode(cartpole):
     assert batch.env_steps >= 24  # topped up to the asked size
     assert sum(len(e) for e in batch) == batch.env_steps
     assert cartpole.sample(num_timesteps=8).env_steps >= 8  # and goes on
+
+
+def test_failing_reset_is_retried_on_a_rebuilt_sub_env(cartpole):
+    cartpole.sample(num_timesteps=4)
+    failures = cartpole.get_metrics()["num_env_step_failures"]
+    FAULTS[("reset", 1)] = "once"
+    try:
+        batch = cartpole.sample(num_timesteps=8, force_reset=True)
+        assert ("reset", 1) not in FAULTS
+    finally:
+        FAULTS.clear()
+    assert cartpole.get_metrics()["num_env_step_failures"] == failures + 1
+    assert batch.env_steps >= 8 and all(e.env_t_started == 0 for e in batch)
+    # A reset that fails on every rebuilt env stops the call after the tolerance.
+    FAULTS[("reset", 1)] = "always"
+    try:
+        with pytest.raises(RuntimeError, match="101 times in a row") as info:
+            cartpole.sample(num_timesteps=8, force_reset=True)
+    finally:
+        FAULTS.clear()
+    assert "num_consecutive_sub_env_failures_tolerance" in str(info.value)
+    assert cartpole.get_metrics()["num_env_step_failures"] == failures + 1 + 101
+    assert cartpole.sample(num_timesteps=8).env_steps >= 8  # rebuilt, and goes on
 
 
 # ---------------------------------------------------------------------- PettingZoo

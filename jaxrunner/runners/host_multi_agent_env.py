@@ -9,6 +9,17 @@ results are the compiled multi-agent runner's: `MultiAgentEpisodeBatch` chunks o
 `MultiAgentTrajectory`, the same cuts, lookback, final observations, per-agent and
 per-module metric rings.
 
+The engine reads and writes nothing of the runner (the single-agent host engine's
+interface, `jaxrunner.runners.host_env`): `HostMultiAgentEngine(source, settings)` with a
+`HostEngineSettings`; `programs(spec, mode)` compiles the layout's pieces for the runner's
+`MultiAgentRolloutSpec` (the runner caches them with its other compiled functions, so a
+new module rebuilds them); `fns(programs)` are the shell's four functions;
+`take_failures()` hands over the env failures the runner books in
+`num_env_step_failures` (resets that raised, and a failed step without
+`restart_failed_sub_environments`; with it, failed steps reach the shell in the chunk
+info as in the compiled runner). After an exception from `chunk` or `reset_carry` the
+runner's next `sample()` must reset.
+
 No numpy twin of the device code: every vector step runs the multi-agent layout's own
 `act` (one jitted call; actions and the acting mask come back in one transfer) and its
 own `after_step` (pending agent steps, reward accumulation, completion, module state) on
@@ -54,6 +65,7 @@ from jaxrunner.core.ring import write_ring
 from jaxrunner.envs.host_multi_agent import ALL, HostMultiAgentEnv, HostMultiAgentSource
 from jaxrunner.envs.spaces import action_dtype, to_gymnax
 from jaxrunner.errors import StepFailedRecreateEnvError
+from jaxrunner.runners.host_env import HostEngineSettings
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +122,18 @@ def _finite(value: Any) -> bool:
 _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def _jit(fn):
-    return jax.jit(fn, compiler_options=_FAST_COMPILE)
+def _jit(fn, **kwargs):
+    return jax.jit(fn, compiler_options=_FAST_COMPILE, **kwargs)
+
+
+def _act_fn(layout: MultiAgentLayout):
+    """The layout's `act` for one host vector step: `(params, carry) -> (carry, (env
+    actions, acting mask), acted)` (the compiled step's key split)."""
+    def act(params, carry):
+        key, act_key, _ = jax.random.split(carry.key, 3)
+        env_actions, acted = layout.act(params, carry, act_key, None)
+        return carry.replace(key=key), (env_actions, carry.acting), acted
+    return act
 
 
 class _SubEnvFailure(Exception):
@@ -122,15 +144,17 @@ class HostMultiAgentEngine:
     """Steps Python multi-agent envs for a `MultiAgentEnvRunner` (module docstring).
 
     Attributes seen by the runner: `agents` (str agent ids, the env's `possible_agents`
-    as str), `envs` (the `HostMultiAgentEnv` copies), `name`, `num_envs`.
+    as str), `envs` (the `HostMultiAgentEnv` copies), `name`, `num_envs`,
+    `observation_spaces`, `action_spaces` and `gymnax_action_spaces` (by str agent id).
     """
 
-    def __init__(self, runner: Any, source: HostMultiAgentSource):
-        self.runner = runner
+    def __init__(self, source: HostMultiAgentSource, settings: HostEngineSettings):
+        self.settings = settings
         self.source = source
         self.name = source.name
-        self.num_envs = runner.num_envs
+        self.num_envs = settings.num_envs
         self.recreations = 0
+        self._failures = 0  # env failures not yet handed to the runner (take_failures)
         self.envs: list[HostMultiAgentEnv | None] = [None] * self.num_envs
         for index in range(self.num_envs):
             self.envs[index] = self._build(index)
@@ -168,55 +192,44 @@ class HostMultiAgentEngine:
     def _build(self, index: int) -> HostMultiAgentEnv:
         return self.source.build(index)
 
-    def _rebuild(self, index: int) -> None:
-        env = self.envs[index]
-        self.envs[index] = None
+    def _close(self, index: int) -> None:
+        env, self.envs[index] = self.envs[index], None
         if env is not None:
             try:
                 env.close()
             except Exception as error:  # noqa: BLE001 - closing a broken env may fail
                 logger.warning("Closing sub-env %d of %r raised %s: %s", index, self.name,
                                type(error).__name__, error)
+
+    def _rebuild(self, index: int) -> None:
+        self._close(index)
         self.recreations += 1
         self.envs[index] = self._build(index)
 
     def close(self) -> None:
-        for index, env in enumerate(self.envs):
-            if env is not None:
-                try:
-                    env.close()
-                except Exception as error:  # noqa: BLE001 - closing a broken env may fail
-                    logger.warning("Closing sub-env %d of %r raised %s: %s", index,
-                                   self.name, type(error).__name__, error)
+        for index in range(self.num_envs):
+            self._close(index)
+
+    def take_failures(self) -> int:
+        """The env failures since the last call, for the runner's `num_env_step_failures`
+        (a reset that raised, a failed step without `restart_failed_sub_environments`)."""
+        failures, self._failures = self._failures, 0
+        return failures
 
     def _obs_zeros(self) -> dict:
         return {a: _zeros(self.observation_spaces[a], self.num_envs) for a in self.agents}
 
     # ------------------------------------------------------------------ compiled pieces
-    def _layout(self, mode: str) -> MultiAgentLayout:
-        spec = dataclasses.replace(self.runner._spec(), env=_PresenceEnv(self.agents))
-        return MultiAgentLayout(spec, mode)
-
-    def _jits(self, mode: str) -> dict:
-        """The jitted pieces for `mode`, cached with the runner's compiled functions (a new
-        module rebuilds them)."""
-        cache_key = ("host_multi_agent", mode)
-        compiled = self.runner._compiled
-        if cache_key in compiled:
-            return compiled[cache_key]
-        if mode != "explore":
-            # Only `act` depends on the policy mode: the rest is shared with "explore".
-            layout = self._layout(mode)
-
-            def act_in_mode(params, carry):
-                key, act_key, _ = jax.random.split(carry.key, 3)
-                env_actions, acted = layout.act(params, carry, act_key, None)
-                return carry.replace(key=key), (env_actions, carry.acting), acted
-
-            compiled[cache_key] = {**self._jits("explore"), "act": _jit(act_in_mode),
-                                   "raw_act": act_in_mode}
-            return compiled[cache_key]
-        layout = self._layout(mode)
+    def programs(self, spec: Any, mode: str, explore: dict | None = None) -> dict:
+        """The jitted pieces of the multi-agent layout for `mode`, built from the runner's
+        `MultiAgentRolloutSpec` (its env is replaced by the presence masks). Only `act`
+        depends on the policy mode: pass the "explore" programs as `explore` to share the
+        rest. The runner caches the result with its compiled functions."""
+        layout = MultiAgentLayout(dataclasses.replace(spec, env=_PresenceEnv(self.agents)),
+                                  mode)
+        act = _act_fn(layout)
+        if explore is not None:
+            return {**explore, "act": _jit(act), "raw_act": act, "record_shape": None}
         spec = layout.spec
         num_envs, chunk_len = spec.num_envs, spec.chunk_len
         restart = spec.restart_failed_sub_environments
@@ -243,11 +256,6 @@ class HostMultiAgentEngine:
                 episode_count=carry.episode_count + jnp.where(fresh, 0, 1).astype(jnp.int32),
                 episode_len=jnp.zeros_like(carry.episode_len))
             return carry.replace(**layout.reset_fields(carry, None))
-
-        def act(params, carry):
-            key, act_key, _ = jax.random.split(carry.key, 3)
-            env_actions, acted = layout.act(params, carry, act_key, None)
-            return carry.replace(key=key), (env_actions, carry.acting), acted
 
         def after(carry, acted, next_obs, present, rewards, terminateds, truncateds,
                   final_obs, failed, buffers, t):
@@ -304,27 +312,24 @@ class HostMultiAgentEngine:
                 **layout.info_extras(start, carry, traj, agent_steps_done))
             return carry, lookback, traj, info
 
-        jits = {
+        return {
             "layout": layout, "init": _jit(init), "reset": _jit(reset), "act": _jit(act),
             "after": _jit(after), "finish": _jit(finish),
             "begin": _jit(lambda carry, offset: layout.begin_chunk(carry, offset)),
-            "raw_act": act, "raw_after": after,
+            "raw_act": act, "raw_after": after, "record_shape": None,
         }
-        compiled[cache_key] = jits
-        return jits
 
-    def _record_shape(self, jits: dict, carry: MultiAgentCarry, params: Any) -> Any:
+    def _record_shape(self, programs: dict, carry: MultiAgentCarry, params: Any) -> Any:
         """The per-step record's shapes (from the layout's own `act` and `after_step`)."""
-        if "record_shape" in jits:
-            return jits["record_shape"]
-        host = self._host_outcome_shapes()
+        if programs["record_shape"] is None:
+            host = self._host_outcome_shapes()
 
-        def probe(carry):
-            carry, _, acted = jits["raw_act"](params, carry)
-            return jits["raw_after"](carry, acted, *host, None, 0)[1]
+            def probe(carry):
+                carry, _, acted = programs["raw_act"](params, carry)
+                return programs["raw_after"](carry, acted, *host, None, 0)[1]
 
-        jits["record_shape"] = jax.eval_shape(probe, carry)
-        return jits["record_shape"]
+            programs["record_shape"] = jax.eval_shape(probe, carry)
+        return programs["record_shape"]
 
     def _host_outcome_shapes(self) -> tuple:
         num_envs = self.num_envs
@@ -336,26 +341,27 @@ class HostMultiAgentEngine:
                 np.zeros((num_envs,), np.bool_))
 
     # ------------------------------------------------------------------ shell functions
-    def fns(self, mode: str) -> dict:
-        """The shell's `{"init_carry", "reset_carry", "init_lookback", "chunk"}`."""
-        return {"init_carry": lambda key, params, env_params: self.init_carry(key, mode),
-                "reset_carry": lambda carry, env_params: self.reset_carry(carry, mode),
-                "init_lookback": lambda carry, params, env_params: self.init_lookback(carry),
-                "chunk": lambda *args: self.chunk(mode, *args)}
+    def fns(self, programs: dict) -> dict:
+        """The shell's `{"init_carry", "reset_carry", "init_lookback", "chunk"}` on
+        `programs` (from `programs(spec, mode)`)."""
+        return {"init_carry": lambda key, params, env_params: self.init_carry(
+                    key, params, programs),
+                "reset_carry": lambda carry, env_params: self.reset_carry(carry, programs),
+                "init_lookback": lambda carry, params, env_params: self.init_lookback(
+                    carry, params, programs),
+                "chunk": lambda *args: self.chunk(programs, *args)}
 
-    def init_carry(self, key: jax.Array, mode: str = "explore") -> MultiAgentCarry:
+    def init_carry(self, key: jax.Array, params: Any, programs: dict) -> MultiAgentCarry:
         """A carry of zero observations; the next `sample()` resets every sub-env."""
-        jits = self._jits("explore")
         present = {a: np.zeros((self.num_envs,), np.bool_) for a in self.agents}
         self._fresh = True
-        return jits["init"](key, self.runner._params, self._obs_zeros(), present)
+        return programs["init"](key, params, self._obs_zeros(), present)
 
-    def init_lookback(self, carry: MultiAgentCarry) -> Any:
-        jits = self._jits("explore")
-        shape = self._record_shape(jits, carry, self.runner._params)
-        return jits["layout"].init_lookback(shape)
+    def init_lookback(self, carry: MultiAgentCarry, params: Any, programs: dict) -> Any:
+        shape = self._record_shape(programs, carry, params)
+        return programs["layout"].init_lookback(shape)
 
-    def reset_carry(self, carry: MultiAgentCarry, mode: str) -> MultiAgentCarry:
+    def reset_carry(self, carry: MultiAgentCarry, programs: dict) -> MultiAgentCarry:
         """Resets every sub-env (rebuilding those that failed); episodes in progress are
         abandoned (new episode ids)."""
         for index in sorted(self._broken):
@@ -371,14 +377,13 @@ class HostMultiAgentEngine:
         self._agent_done[:] = False
         fresh = self._fresh
         self._fresh = False
-        return self._jits(mode)["reset"](carry, obs, self._presence(present),
-                                         np.bool_(fresh))
+        return programs["reset"](carry, obs, self._presence(present), np.bool_(fresh))
 
     def _presence(self, present: np.ndarray) -> dict:
         return {a: present[:, i] for i, a in enumerate(self.agents)}
 
     def _seed(self, index: int, recreated: bool = False) -> int | None:
-        seed = self.runner._seed
+        seed = self.settings.seed
         if seed is None:
             return None
         if recreated:
@@ -398,11 +403,11 @@ class HostMultiAgentEngine:
             _put(obs[self.agents[i]], index, value)
             present[index, i] = True
 
-    def _reset_one(self, index: int, obs: dict, present: np.ndarray, seed: int | None,
-                   recreated: bool = False) -> None:
+    def _reset_one(self, index: int, obs: dict, present: np.ndarray,
+                   seed: int | None) -> None:
         """`_try_env_reset`: resets sub-env `index` into row `index` (zeros for agents
         without an observation); a failing reset is retried on a rebuilt env."""
-        cfg = self.runner.config
+        cfg = self.settings
         failures = 0
         while True:
             for agent in self.agents:
@@ -414,23 +419,18 @@ class HostMultiAgentEngine:
                 return
             except Exception as error:  # noqa: BLE001 - RLlib's _try_env_reset
                 failures += 1
-                self.runner._general_metrics().env_step_failures_lifetime += 1
-                if not cfg.restart_failed_sub_environments:
+                self._failures += 1
+                restart = cfg.restart_failed_sub_environments
+                if not restart or failures > cfg.num_consecutive_sub_env_failures_tolerance:
                     self._broken.add(index)
-                    self.runner._needs_reset = True
+                    fix = (f"Set {RESTART_HINT} to recreate it and continue" if not restart
+                           else f"It failed {failures} times in a row even after recreating "
+                           "it: fix the env, or raise config.fault_tolerance("
+                           "num_consecutive_sub_env_failures_tolerance=...)")
                     raise RuntimeError(
                         f"Resetting sub-env {index} of {self.name!r} on runner "
-                        f"{self.runner.worker_index} failed ({type(error).__name__}: "
-                        f"{error}). Set {RESTART_HINT} to recreate it and continue; the "
-                        "next sample() starts on fresh envs.") from error
-                if failures > cfg.num_consecutive_sub_env_failures_tolerance:
-                    self._broken.add(index)
-                    self.runner._needs_reset = True
-                    raise RuntimeError(
-                        f"Resetting sub-env {index} of {self.name!r} failed {failures} times "
-                        f"in a row even after recreating it ({type(error).__name__}: "
-                        f"{error}). Fix the env, or raise config.fault_tolerance("
-                        "num_consecutive_sub_env_failures_tolerance=...).") from error
+                        f"{cfg.worker_index} failed ({type(error).__name__}: {error}). "
+                        f"{fix}; the next sample() starts on fresh envs.") from error
                 logger.error("Resetting sub-env %d of %r failed (%s: %s); recreating it.",
                              index, self.name, type(error).__name__, error)
                 self._rebuild(index)
@@ -442,7 +442,7 @@ class HostMultiAgentEngine:
         obs, present = outcome["next_obs"], outcome["present"]
         try:
             raw_obs, rewards, terminateds, truncateds = self.envs[index].step(actions)
-            if self.runner.config.check_finite and not (
+            if self.settings.check_finite and not (
                     _finite(list(raw_obs.values())) and _finite(list(rewards.values()))):
                 raise FloatingPointError(
                     "a non-finite observation or reward (check_finite)")
@@ -487,15 +487,14 @@ class HostMultiAgentEngine:
 
     def _on_step_failure(self, index: int, error: BaseException, step: int) -> None:
         """Books a failed step of sub-env `index` (raises without restart)."""
-        runner = self.runner
+        cfg = self.settings
         cause = error.__cause__ or error
-        if not runner.config.restart_failed_sub_environments:
-            runner._general_metrics().env_step_failures_lifetime += 1
+        if not cfg.restart_failed_sub_environments:
+            self._failures += 1
             self._broken.add(index)
-            runner._needs_reset = True
             raise RuntimeError(
                 f"Sub-env {index} of the multi-agent env {self.name!r} on runner "
-                f"{runner.worker_index} failed at vector step {step} of this chunk "
+                f"{cfg.worker_index} failed at vector step {step} of this chunk "
                 f"({type(cause).__name__}: {cause}). Set {RESTART_HINT} to recreate failed "
                 "sub-envs and continue (their episodes in progress are discarded); the next "
                 "sample() starts on fresh envs.") from cause
@@ -505,28 +504,26 @@ class HostMultiAgentEngine:
                          cause, exc_info=not isinstance(cause, FloatingPointError))
 
     # ------------------------------------------------------------------ the chunk
-    def chunk(self, mode, carry, lookback, params, env_params, num_steps, episodes_limit,
-              agent_steps_limit, call_step_offset):
+    def chunk(self, programs, carry, lookback, params, env_params, num_steps,
+              episodes_limit, agent_steps_limit, call_step_offset):
         """The compiled chunk's contract (`jaxrunner.core.chunk.make_chunk_fns`), stepped
         on the host: up to `chunk_len` vector steps, stopping after `num_steps`, once
         `episodes_limit` episodes ended or `agent_steps_limit` agent steps completed."""
-        jits = self._jits(mode)
-        spec = jits["layout"].spec
-        carry = jits["begin"](carry, call_step_offset)
+        chunk_len = programs["layout"].spec.chunk_len
+        carry = programs["begin"](carry, call_step_offset)
         start = carry
-        shape = self._record_shape(jits, carry, params)
-        buffers = jax.tree.map(lambda s: jnp.zeros((spec.chunk_len,) + tuple(s.shape),
-                                                   s.dtype), shape)
-        limit = min(int(num_steps), spec.chunk_len)
+        buffers = jax.tree.map(lambda s: jnp.zeros((chunk_len,) + tuple(s.shape), s.dtype),
+                               self._record_shape(programs, carry, params))
+        limit = min(int(num_steps), chunk_len)
         count_agents = int(agent_steps_limit) < np.iinfo(np.int32).max
         episodes, agent_steps = 0, 0
         steps = 0
         while steps < limit and episodes < int(episodes_limit) and (
                 not count_agents or agent_steps < int(agent_steps_limit)):
-            carry, out, acted = jits["act"](params, carry)
+            carry, out, acted = programs["act"](params, carry)
             env_actions, acting = jax.device_get(out)
             outcome = self._host_step(env_actions, np.asarray(acting), steps)
-            carry, buffers, completed = jits["after"](
+            carry, buffers, completed = programs["after"](
                 carry, acted, outcome["next_obs"], self._presence(outcome["present"]),
                 outcome["reward_dict"], outcome["terminated_dict"],
                 outcome["truncated_dict"], outcome["final_obs"], outcome["failed"],
@@ -535,9 +532,9 @@ class HostMultiAgentEngine:
             episodes += int(outcome["episodes"])
             if count_agents:
                 agent_steps += int(completed)
-        return jits["finish"](carry, start, lookback, buffers, np.int32(steps),
-                              np.int32(episodes_limit), np.int32(call_step_offset),
-                              np.int32(agent_steps))
+        return programs["finish"](carry, start, lookback, buffers, np.int32(steps),
+                                  np.int32(episodes_limit), np.int32(call_step_offset),
+                                  np.int32(agent_steps))
 
     def _host_step(self, env_actions: dict, acting: np.ndarray, step: int) -> dict:
         """Steps every sub-env with the actions of its acting agents."""

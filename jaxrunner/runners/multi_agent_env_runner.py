@@ -126,9 +126,12 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         source = host_multi_agent_source(self.config.env, context)
         if source is None:
             return False
+        from jaxrunner.runners.host_env import HostEngineSettings
         from jaxrunner.runners.host_multi_agent_env import HostMultiAgentEngine
 
-        host = HostMultiAgentEngine(self, source)
+        host = HostMultiAgentEngine(source, HostEngineSettings.from_config(
+            self.config, seed=self._seed, worker_index=self.worker_index,
+            chunk_len=self._chunk_len()))
         self._host, self.env, self.env_params, self.env_name = host, host, None, host.name
         self._agent_ids = host.agents
         self._gymnax_action_spaces = host.gymnax_action_spaces
@@ -140,10 +143,21 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             self.make_module()
         return True
 
+    def _host_programs(self, mode: str) -> dict:
+        """The host engine's compiled pieces for `mode` (cached with `_compiled`, so a new
+        module rebuilds them)."""
+        key = ("host_multi_agent", mode)
+        if key not in self._compiled:
+            explore = None if mode == "explore" else self._host_programs("explore")
+            self._compiled[key] = self._host.programs(self._spec(), mode, explore)
+        return self._compiled[key]
+
     def _ensure_carry(self) -> None:
         if self._carry is None and self._host is not None:
-            self._carry = self._host.init_carry(jax.random.fold_in(self._base_key, 2))
-            self._lookback = self._host.init_lookback(self._carry)
+            programs = self._host_programs("explore")
+            self._carry = self._host.init_carry(jax.random.fold_in(self._base_key, 2),
+                                                self._params, programs)
+            self._lookback = self._host.init_lookback(self._carry, self._params, programs)
             self._needs_reset = True  # the host envs are reset by the next sample()
         else:
             super()._ensure_carry()
@@ -152,8 +166,14 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         if self._host is None:
             return None
         self._ensure_carry()
-        return self._sample_chunks(self._host.fns(mode), mode, num_timesteps, num_episodes,
-                                   force_reset)
+        try:
+            return self._sample_chunks(self._host.fns(self._host_programs(mode)), mode,
+                                       num_timesteps, num_episodes, force_reset)
+        except BaseException:
+            self._needs_reset = True  # the host envs moved on without the carry
+            raise
+        finally:
+            self._general_metrics().env_step_failures_lifetime += self._host.take_failures()
 
     def _carry_capturable(self) -> None:
         if self._host is not None:
