@@ -126,13 +126,11 @@ class CustomRegisters:
     values: jax.Array  # (W, K) float32
     next: jax.Array  # () int32: slot the next episode is written to
     size: jax.Array  # () int32: filled slots (<= W)
-    episodes: jax.Array  # () uint32: episodes written so far (mod 2**32)
 
     @classmethod
     def create(cls, window: int, num_metrics: int) -> "CustomRegisters":
         return cls(values=jnp.zeros((window, num_metrics), jnp.float32),
-                   next=jnp.zeros((), jnp.int32), size=jnp.zeros((), jnp.int32),
-                   episodes=jnp.zeros((), jnp.uint32))
+                   next=jnp.zeros((), jnp.int32), size=jnp.zeros((), jnp.int32))
 
 
 @struct.dataclass
@@ -319,8 +317,7 @@ class DeviceCallbacks:
         regs = regs.replace(
             values=regs.values.at[slot].set(flat[found[:window]], mode="drop"),
             next=(regs.next + num_new) % window,
-            size=jnp.minimum(regs.size + num_new, window),
-            episodes=regs.episodes + num_new.astype(jnp.uint32))
+            size=jnp.minimum(regs.size + num_new, window))
         return part.replace(registers=regs), sums
 
 
