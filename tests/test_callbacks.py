@@ -304,6 +304,14 @@ def test_metrics_logger_reductions():
         logger.log_value("m", 1.0, reduce="max")
     with pytest.raises(ValueError, match="single number"):
         logger.log_value("v", [1.0, 2.0])
+    # Names of device callback metrics are refused, given at construction or later.
+    with pytest.raises(ValueError, match="device callback metric"):
+        jaxrunner.MetricsLogger(reserved=("dev",)).log_value("dev", 1.0)
+    logger.reserve(["later"])
+    with pytest.raises(ValueError, match="device callback metric"):
+        logger.log_value("later", 1.0)
+    with pytest.raises(ValueError, match="logged before"):
+        logger.reserve(["m"])
 
 
 def test_group_merge_is_the_pooled_value(runner):

@@ -94,12 +94,23 @@ class MetricsLogger:
                  reserved: Sequence[str] = ()):
         self._episode_window = episode_window
         self._num_env_runners = num_env_runners
-        self._reserved = set(reserved)
+        self._reserved: set[str] = set()
         self._specs: dict[str, MetricSpec] = {}
         self._values: dict[str, collections.deque] = {}
         self._lifetime: dict[str, float] = {}
         self._since_last: dict[str, float] = {}
         self._last_delta: dict[str, float] = {}
+        self.reserve(reserved)
+
+    def reserve(self, names: Sequence[str]) -> None:
+        """Refuses `names` (a runner's device callback metrics) in later `log_value`s; a
+        name already logged here is an error (the two would share one key)."""
+        clash = sorted(set(names) & set(self._specs))
+        if clash:
+            raise ValueError(f"The host metrics {clash} were logged before the device "
+                             "callbacks' on_episode_end returned metrics of the same names; "
+                             "log host values under other names.")
+        self._reserved.update(names)
 
     def log_value(self, key: str, value: Any, reduce: str = "mean", window: int | None = None,
                   clear_on_reduce: bool = False) -> None:
