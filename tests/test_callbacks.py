@@ -53,11 +53,14 @@ def step(state, view):
 
 def end(state, view):
     return {"max_abs_x": state["max_x"], "right_pushes": state["right"],
-            "one": jnp.float32(1.0), "ended_terminated": view.terminated}
+            "one": jnp.float32(1.0), "ended_terminated": view.terminated,
+            "x_last3": state["max_x"], "one_last4": jnp.float32(1.0)}
 
 
 CUSTOM = {"max_abs_x": "max", "right_pushes": {"reduce": "mean"}, "one": "sum",
-          "ended_terminated": jaxrunner.MetricSpec("sum", clear_on_reduce=True)}
+          "ended_terminated": jaxrunner.MetricSpec("sum", clear_on_reduce=True),
+          "x_last3": jaxrunner.MetricSpec("max", window=3),
+          "one_last4": {"reduce": "sum", "window": 4}}
 
 SEEN = {"created": 0, "host_episode_ends": 0, "sample_ends": 0}
 
@@ -130,6 +133,13 @@ def test_custom_metrics_equal_the_returned_episodes(runner):
     assert metrics["one"] == metrics["num_episodes_lifetime"]  # lifetime sum
     terminated = sum(bool(by_id[i].is_terminated) for i in finished)
     assert metrics["ended_terminated"] >= terminated  # since the last call
+    if new_only:  # every counted episode is one of the returned ones
+        assert metrics["ended_terminated"] == terminated
+    # Windowed metrics reduce the newest values of their own window only.
+    newest = window["max_abs_x"]["values"][-3:]
+    np.testing.assert_array_equal(window["x_last3"]["values"], newest)
+    assert metrics["x_last3"] == pytest.approx(newest.max())
+    assert metrics["one_last4"] == 4.0
     assert runner.get_metrics()["ended_terminated"] == 0.0  # cleared on reduce
     assert runner.get_metrics()["one"] == metrics["one"]  # lifetime kept
 
