@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 
 import jaxrunner
@@ -22,13 +23,18 @@ def test_experiment_log_round_trip(tmp_path):
     with ExperimentLog(tmp_path) as log:
         for step in (10, 20):
             log.log({"episode_return_mean": step / 2, "nested": {"a": 1, "b": True},
-                     "skipped": None, "name": "x"}, step=step)
+                     "skipped": None, "name": "x", "numpy": {"flag": np.bool_(True),
+                                                             "count": np.int64(step)}},
+                    step=step)
     rows = read_jsonl(tmp_path)
     assert [r["step"] for r in rows] == [10, 20]
     assert rows[1]["episode_return_mean"] == 10.0 and rows[1]["nested"] == {"a": 1, "b": True}
+    assert rows[1]["numpy"] == {"flag": True, "count": 20}  # numpy scalars as JSON values
     scalars = read_event_scalars(tmp_path)
     assert scalars["episode_return_mean"] == [(10, 5.0), (20, 10.0)]
     assert scalars["nested/b"] == [(10, 1.0), (20, 1.0)]
+    assert scalars["numpy/flag"] == [(10, 1.0), (20, 1.0)]
+    assert scalars["numpy/count"] == [(10, 10.0), (20, 20.0)]
     assert "skipped" not in scalars and "name" not in scalars
     assert flatten({"a": {"b": {"c": 2}}}) == {"a/b/c": 2.0}
 

@@ -46,7 +46,9 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if isinstance(value, (np.integer,)):
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, (np.floating, float)):
         number = float(value)
