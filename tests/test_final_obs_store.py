@@ -175,3 +175,36 @@ def test_every_reader_sees_the_dense_values(compile_counter):
                 assert len(episode) == e - s
                 np.testing.assert_array_equal(episode.observations[:-1], obs[s:e, b])
                 np.testing.assert_array_equal(episode.observations[-1], taken[e - 1, b])
+
+
+@pytest.mark.parametrize("host", [False, True])
+def test_stores_joined_across_sub_envs_give_the_dense_arrays_side_by_side(host):
+    """Trajectories of several runners (different sub-env counts, steps taken by only
+    some of them) joined along the sub-env axis through their stores rebuild exactly the
+    dense final observations side by side, zeros where not every runner took the step."""
+    from jaxrunner.core.final_obs import (UNUSED, FinalObsStore, dense_final_obs,
+                                          join_stores_across_envs)
+
+    rng = np.random.default_rng(SEED)
+    num_steps, envs = 6, [3, 2]
+    valids = [np.arange(num_steps) < 6, np.arange(num_steps) < 4]
+    obs, stores, dense = [], [], []
+    for b, valid in zip(envs, valids):
+        o = rng.normal(size=(num_steps, b, 2)).astype(np.float32)
+        positions = np.flatnonzero(rng.random(num_steps * b) < 0.4).astype(np.int32)
+        positions = positions[valid[positions // b]]
+        index = np.concatenate([positions, np.full((2,), UNUSED, np.int32)])
+        rows = rng.normal(size=(len(index), 2)).astype(np.float32)
+        store = FinalObsStore(index=index, obs=rows)
+        if not host:
+            o, store, valid = jax.device_put((o, store, valid))
+        obs.append(o)
+        stores.append(store)
+        dense.append(np.asarray(dense_final_obs(o, store, valid)))
+    valid = np.logical_and(*valids)
+    joined = join_stores_across_envs(stores, envs, valid if host else jnp.asarray(valid))
+    assert isinstance(joined.index, np.ndarray) == host
+    expected = np.concatenate(dense, axis=1) * valid[:, None, None]
+    got = dense_final_obs(np.concatenate(obs, axis=1) if host else jnp.concatenate(obs, axis=1),
+                          joined, valid if host else jnp.asarray(valid))
+    np.testing.assert_array_equal(np.asarray(got), expected)

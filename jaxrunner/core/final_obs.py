@@ -196,6 +196,29 @@ def join_stores(stores: list[FinalObsStore], chunk_lens: list[int], num_envs: in
     return FinalObsStore(index=index, obs=obs)
 
 
+def join_stores_across_envs(stores: list[FinalObsStore], num_envs: list[int], valid: Any
+                            ) -> FinalObsStore:
+    """The store of trajectories of one length `T` joined along the sub-env axis (store
+    `i`'s `num_envs[i]` sub-envs after those of the stores before it): each position
+    `t * B_i + b` becomes `t * sum(B) + offset_i + b`. Rows at steps that `valid` (`(T,)`
+    bool, the joined trajectory's) does not mark as taken are dropped, so the dense final
+    observations are those of the trajectories side by side, zeros at steps not taken by
+    all of them. numpy for host stores, else jax."""
+    xp = np if _is_host(stores) else jnp
+    valid = xp.asarray(valid)
+    total = int(sum(num_envs))
+    offsets = np.cumsum([0] + list(num_envs[:-1]))
+    index = []
+    for store, envs, offset in zip(stores, num_envs, offsets):
+        used = store.index >= 0
+        step = xp.where(used, store.index // envs, 0)
+        keep = used & valid[step]
+        index.append(xp.where(keep, step * total + int(offset) + store.index % envs, UNUSED
+                              ).astype(np.int32))
+    obs = jax.tree.map(lambda *xs: xp.concatenate(xs, axis=0), *[s.obs for s in stores])
+    return FinalObsStore(index=xp.concatenate(index), obs=obs)
+
+
 def host_rows(store: FinalObsStore) -> dict[int, int]:
     """`{flat position: row}` of a host store's used rows."""
     index = np.asarray(store.index)
@@ -203,5 +226,6 @@ def host_rows(store: FinalObsStore) -> dict[int, int]:
     return dict(zip(index[used].tolist(), used.tolist()))
 
 
-__all__ = ["AUTO_DENSE_UP_TO", "AUTO_STEPS_PER_SLOT", "FinalObsStore", "FinalObsWriter", "StoreState", "UNUSED",
-           "dense_final_obs", "host_rows", "join_stores", "slots_for", "store_from_dense"]
+__all__ = ["AUTO_DENSE_UP_TO", "AUTO_STEPS_PER_SLOT", "FinalObsStore", "FinalObsWriter",
+           "StoreState", "UNUSED", "dense_final_obs", "host_rows", "join_stores",
+           "join_stores_across_envs", "slots_for", "store_from_dense"]

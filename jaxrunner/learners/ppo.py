@@ -40,7 +40,7 @@ import optax
 from flax import struct
 
 from jaxrunner.core.carry import Trajectory
-from jaxrunner.core.final_obs import store_from_dense
+from jaxrunner.core.final_obs import join_stores_across_envs
 from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModule, RLModuleSpec, init_params
 
 
@@ -526,16 +526,15 @@ def _as_trajectory(batch: Any) -> Trajectory:
         if len(lengths) != 1:
             raise ValueError(f"PPOLearner.update: batches have different lengths T {lengths}; "
                              "sample the same number of steps on every runner.")
-        # Join along the sub-env axis; a step counts where every runner took it.
-        # Each runner's final-observation store indexes its own (T, B_i) positions, so
-        # the join goes through the dense final observations.
+        # Join along the sub-env axis; a step counts where every runner took it. Each
+        # runner's final-observation store indexes its own (T, B_i) positions: the join
+        # renumbers them (update_fn rebuilds the dense final observations once).
         valid = functools.reduce(jnp.logical_and, [t.valid for t in trajs])
-        concat = lambda *xs: jnp.concatenate(xs, axis=1)  # noqa: E731
-        final_obs = jax.tree.map(concat, *[t.final_obs for t in trajs])
-        joined = jax.tree.map(concat, *[t.replace(valid=None, final_obs_store=None)
-                                        for t in trajs])
-        return joined.replace(valid=valid,
-                              final_obs_store=store_from_dense(final_obs, valid))
+        joined = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1),
+                              *[t.replace(valid=None, final_obs_store=None) for t in trajs])
+        store = join_stores_across_envs([t.final_obs_store for t in trajs],
+                                        [t.rewards.shape[1] for t in trajs], valid)
+        return joined.replace(valid=valid, final_obs_store=store)
     if hasattr(batch, "trajectory"):
         return batch.trajectory()
     raise TypeError(f"PPOLearner.update expects an EpisodeBatch or Trajectory, got "
