@@ -115,8 +115,7 @@ def _check_env_name(config: RunnerConfig) -> None:
         resolve_env(env, EnvContext(config.env_config), 1)
     elif isinstance(env, str) and env.startswith(JAXMARL_PREFIX):
         pass  # a JaxMARL id: only the multi-agent runners resolve these (import jaxmarl)
-    elif (isinstance(env, str) and env not in registry.registered_env_names()
-            and registry.tune_env_creator(env) is None  # Tune names resolve in runners
+    elif (isinstance(env, str) and registry.named_env_creator(env) is None
             and env not in registry.gymnax_env_ids(runnable_only=False)):
         registry.make_jax_env(env, EnvContext(config.env_config))  # raises the usual error
 

@@ -5,10 +5,10 @@ pool).
 `config.env` resolves in this order (docs/envs.md "Resolution"):
 
 1. a `jaxrunner.register_env` name, then a Ray Tune `register_env` name (looked up only
-   when Ray is already imported; `jaxrunner.envs.registry.find_env_creator`): the creator
+   when Ray is already imported; `jaxrunner.envs.registry.named_env_creator`): the creator
    is called with the `EnvContext` (for a Tune name, as RLlib passes it);
 2. a callable creator, or a gymnasium `Env` / `VectorEnv` *class* (called like a creator,
-   see `_class_creator`);
+   see `_ClassCreator`);
 3. a gymnax `Environment` instance, a suite id (`"brax/ant"`, ...) or a gymnax id such as
    "CartPole-v1" (compiled; a gymnax id wins over a gymnasium id of the same name);
 4. `"gymnasium:<id>"` (`env_config` is passed to `gymnasium.make` as kwargs), a
@@ -111,14 +111,21 @@ def vectorize_mode_of(mode: Any, remote_worker_envs: bool = False) -> str:
     return value
 
 
+def _vector_kwargs(mode: str) -> dict:
+    """gymnasium vector env keywords for "sync" / "async": `SAME_STEP` autoreset (a
+    finished sub-env is reset in the same step, its final observation in
+    `infos["final_obs"]`); "async" sub-processes are started with "spawn"."""
+    kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    if mode == ASYNC:
+        kwargs["context"] = "spawn"
+    return kwargs
+
+
 def _same_step(env_fns: list, mode: str = SYNC) -> gym.vector.VectorEnv:
     """A `SyncVectorEnv` (or, for "async", an `AsyncVectorEnv` with one spawned
-    sub-process per sub-env) that resets a finished sub-env in the same step (its final
-    observation in `infos["final_obs"]`)."""
-    if mode == ASYNC:
-        return gym.vector.AsyncVectorEnv(env_fns, context="spawn",
-                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    sub-process per sub-env) of `env_fns` with `_vector_kwargs(mode)`."""
+    cls = gym.vector.AsyncVectorEnv if mode == ASYNC else gym.vector.SyncVectorEnv
+    return cls(env_fns, **_vector_kwargs(mode))
 
 
 def _close_quietly(env: Any) -> None:
@@ -263,26 +270,20 @@ def _gymnasium_id_source(env_id: str, context: EnvContext, num_envs: int,
     kwargs = dict(context)
     if spec is not None and spec.entry_point is None and spec.vector_entry_point is not None:
         mode = VECTOR_ENTRY_POINT  # registered as a vector env only
-    if mode == VECTOR_ENTRY_POINT:
-        if spec is not None and spec.vector_entry_point is None:
-            raise ValueError(
-                f"gym_env_vectorize_mode='vector_entry_point', but the gymnasium id "
-                f"{env_id!r} has no vector_entry_point registered; use 'sync' or 'async'.")
+    if mode == VECTOR_ENTRY_POINT and spec is not None and spec.vector_entry_point is None:
+        raise ValueError(
+            f"gym_env_vectorize_mode='vector_entry_point', but the gymnasium id "
+            f"{env_id!r} has no vector_entry_point registered; use 'sync' or 'async'.")
+    # The env's own vector env takes no vector_kwargs (its autoreset mode is its own).
+    vector_kwargs = {} if mode == VECTOR_ENTRY_POINT else {
+        "vector_kwargs": _vector_kwargs(mode)}
 
-        def build() -> gym.vector.VectorEnv:
-            return _call_user(
-                lambda: gym.make_vec(env_id, num_envs=num_envs,
-                                     vectorization_mode=VECTOR_ENTRY_POINT, **kwargs),
-                what=f"gymnasium.make_vec({env_id!r}, vector_entry_point, **{kwargs!r})")
-    else:
-        def build() -> gym.vector.VectorEnv:
-            vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-            if mode == ASYNC:
-                vector_kwargs["context"] = "spawn"
-            return _call_user(
-                lambda: gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode,
-                                     vector_kwargs=vector_kwargs, **kwargs),
-                what=f"gymnasium.make_vec({env_id!r}, **{kwargs!r})")
+    def build() -> gym.vector.VectorEnv:
+        return _call_user(
+            lambda: gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode,
+                                 **vector_kwargs, **kwargs),
+            what=f"gymnasium.make_vec({env_id!r}, vectorization_mode={mode!r}, "
+                 f"**{kwargs!r})")
 
     return HostEnvSource(name=GYMNASIUM_PREFIX + env_id, build=build)
 
@@ -341,6 +342,34 @@ def _refuse_host_settings_for_compiled(env_spec: Any, name: str, mode: str,
                  name)
 
 
+def _host_source(env_spec: Any, context: EnvContext, num_envs: int, mode: str,
+                 explicit_mode: str) -> HostEnvSource | None:
+    """The source of an `"envpool:"` / `"gymnasium:"` id or a gymnasium env instance,
+    else None."""
+    if isinstance(env_spec, str) and env_spec.startswith(ENVPOOL_PREFIX):
+        from jaxrunner.envs.envpool_env import envpool_source
+
+        return envpool_source(env_spec[len(ENVPOOL_PREFIX):], context, num_envs,
+                              explicit_mode)
+    if isinstance(env_spec, str) and env_spec.startswith(GYMNASIUM_PREFIX):
+        return _gymnasium_id_source(env_spec[len(GYMNASIUM_PREFIX):], context, num_envs,
+                                    mode)
+    if is_host_env(env_spec):
+        return _instance_source(env_spec, num_envs, mode)
+    return None
+
+
+def _creator_of(env_spec: Any) -> tuple[Callable | None, str | None]:
+    """`(creator, name)` of a gymnasium class or a callable creator, else `(None, None)`
+    (an env object or a gymnax id, left to `registry.make_jax_env`)."""
+    if is_gymnasium_class(env_spec):
+        return _ClassCreator(env_spec), env_spec.__name__
+    if callable(env_spec) and (isinstance(env_spec, type) or not (
+            hasattr(env_spec, "step") and hasattr(env_spec, "reset"))):
+        return env_spec, getattr(env_spec, "__name__", type(env_spec).__name__)
+    return None, None
+
+
 def resolve_env(env_spec: Any, context: EnvContext, num_envs: int,
                 vectorize_mode: Any = SYNC) -> tuple[str, Any]:
     """Resolves `config.env` to `("host", HostEnvSource)` or
@@ -365,30 +394,14 @@ def resolve_env(env_spec: Any, context: EnvContext, num_envs: int,
     mode = vectorize_mode_of(vectorize_mode, bool(getattr(context, "remote", False)))
     # An RLlib / PettingZoo multi-agent env (or class) is a gymnasium Env too: refuse it.
     check_env_kind(env_spec, SINGLE_AGENT, getattr(env_spec, "__name__", None))
-    if isinstance(env_spec, str) and env_spec.startswith(ENVPOOL_PREFIX):
-        from jaxrunner.envs.envpool_env import envpool_source
-
-        return "host", envpool_source(env_spec[len(ENVPOOL_PREFIX):], context, num_envs,
-                                      explicit_mode)
-    if isinstance(env_spec, str) and env_spec.startswith(GYMNASIUM_PREFIX):
-        return "host", _gymnasium_id_source(env_spec[len(GYMNASIUM_PREFIX):], context,
-                                            num_envs, mode)
-    if is_host_env(env_spec):
-        return "host", _instance_source(env_spec, num_envs, mode)
-    registry.reject_env_class(env_spec)
-    creator, name, call = None, None, None
-    found = registry.find_env_creator(env_spec) if isinstance(env_spec, str) else None
-    if found is not None:
-        creator, name = found[0], env_spec
-        if found[1] == "tune":
-            tune_creator = creator
-            creator = lambda ctx: registry.call_tune_creator(tune_creator, ctx)  # noqa: E731
-    elif is_gymnasium_class(env_spec):
-        creator, name = _ClassCreator(env_spec), env_spec.__name__
-    elif callable(env_spec) and (isinstance(env_spec, type) or not (
-            hasattr(env_spec, "step") and hasattr(env_spec, "reset"))):
-        creator = env_spec
-        name = getattr(env_spec, "__name__", type(env_spec).__name__)
+    creator = registry.named_env_creator(env_spec)  # jaxrunner's registry, then Tune's
+    name = env_spec
+    if creator is None:
+        host = _host_source(env_spec, context, num_envs, mode, explicit_mode)
+        if host is not None:
+            return "host", host
+        registry.reject_env_class(env_spec)
+        creator, name = _creator_of(env_spec)
     if creator is not None:
         first_context = _vector_context(context, num_envs) if mode == VECTOR_ENTRY_POINT \
             else context

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import sys
 import warnings
@@ -155,6 +156,20 @@ def find_env_creator(name: str) -> tuple[Callable[[Any], Any], str] | None:
     return None
 
 
+def named_env_creator(name: str) -> Callable[[EnvContext], Any] | None:
+    """The creator registered as `name`, ready to call with a jaxrunner `EnvContext`:
+    a `register_env` creator as it is, then a Ray Tune creator wrapped to get the
+    context as RLlib passes it (`call_tune_creator`); None for any other name (or a
+    non-string). The one look-up of registered names every resolver uses."""
+    found = find_env_creator(name)
+    if found is None:
+        return None
+    creator, origin = found
+    if origin == "tune":
+        return functools.partial(call_tune_creator, creator)
+    return creator
+
+
 def call_tune_creator(creator: Callable[[Any], Any], env_context: EnvContext) -> Any:
     """Calls a Tune-registered creator with the `EnvContext` as RLlib passes it: one
     positional dict (`env_config`) with `worker_index`, `num_workers`, `vector_index`,
@@ -236,15 +251,10 @@ def make_jax_env(env_spec: Any, env_context: EnvContext) -> tuple[Any, Any, str]
             "creator(env_context) -> (env, env_params), or a gymnax Environment."
         )
     if isinstance(env_spec, str):
-        if env_spec in _REGISTRY:
-            env, params = _as_env_and_params(_REGISTRY[env_spec](env_context),
+        creator = named_env_creator(env_spec)
+        if creator is not None:
+            env, params = _as_env_and_params(creator(env_context),
                                              f"the creator registered as {env_spec!r}")
-            return env, params, env_spec
-        tune_creator = tune_env_creator(env_spec)
-        if tune_creator is not None:
-            env, params = _as_env_and_params(
-                call_tune_creator(tune_creator, env_context),
-                f"the creator registered with ray.tune.registry.register_env as {env_spec!r}")
             return env, params, env_spec
         from jaxrunner.envs import adapters
 
