@@ -201,3 +201,20 @@ def test_a_group_resolves_a_tune_name(ray_session):
         assert group.sample(num_timesteps=16)[0].env_steps >= 16
     finally:
         group.stop()
+
+
+# ---------------------------------------------------------------------- the RLlib drop-in
+def test_from_rllib_copies_remote_worker_envs_not_the_host_vectorize_mode():
+    """`RunnerConfig.from_rllib` (JaxEnvRunner's translation) shares `remote_worker_envs`
+    (a compiled env's creator sees it as `env_context.remote`), but not
+    `gym_env_vectorize_mode`: it only acts on host envs, which the drop-in does not run,
+    and RLlib's "async" for "CartPole-v1" would be the gymnax-precedence error."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    config = PPOConfig().environment("CartPole-v1").env_runners(
+        remote_worker_envs=True, gym_env_vectorize_mode="async")
+    translated = jr.RunnerConfig.from_rllib(config)
+    assert translated.remote_worker_envs is True
+    assert translated.gym_env_vectorize_mode == "sync"
+    assert jr.RunnerConfig.from_rllib(PPOConfig().environment("CartPole-v1")
+                                      ).remote_worker_envs is False

@@ -13,7 +13,8 @@ from typing import Any
 
 from jaxrunner.config import RunnerConfig
 from jaxrunner.envs.context import EnvContext
-from jaxrunner.envs.registry import gymnax_env_ids, registered_env_names
+from jaxrunner.envs.registry import (call_tune_creator, gymnax_env_ids, registered_env_names,
+                                     tune_env_creator)
 from jaxrunner.modules.rl_module import RLModuleSpec
 from jaxrunner.rllib.errors import UnsupportedRLlibSetupError
 from jaxrunner.rllib.module import RLlibPPOModule, canonical_activation
@@ -28,6 +29,11 @@ SHARED_SETTINGS = (
     "max_requests_in_flight_per_env_runner", "episode_lookback_horizon",
     "merge_env_runner_states", "broadcast_env_runner_states", "rollout_fragment_length",
     "batch_mode", "explore", "episodes_to_numpy",
+    # A compiled env's creator sees it as `env_context.remote`, as in RLlib.
+    # (`gym_env_vectorize_mode` is not copied: it only acts on host envs, which
+    # JaxEnvRunner refuses, and RLlib's "async" for a gymnax id such as "CartPole-v1"
+    # would become the gymnax-precedence error naming a "gymnasium:" env it cannot run.)
+    "remote_worker_envs",
     # training()
     "train_batch_size_per_learner", "num_learners",
     # fault_tolerance()
@@ -54,7 +60,8 @@ class TuneEnvCreator:
     Ray Tune's registry is shared by every Ray worker, so a JAX env registered with
     `ray.tune.registry.register_env(name, creator)` in the driver is found inside remote
     runners too. `creator(env_context)` must return a gymnax-style `(env, env_params)`
-    (or a gymnax env).
+    (or a gymnax env); it gets the context as RLlib passes it
+    (`jaxrunner.envs.registry.call_tune_creator`).
     """
 
     def __init__(self, name: str):
@@ -63,18 +70,10 @@ class TuneEnvCreator:
     def __call__(self, env_context: EnvContext) -> Any:
         from ray.tune.registry import ENV_CREATOR, _global_registry
 
-        return _global_registry.get(ENV_CREATOR, self.name)(env_context)
+        return call_tune_creator(_global_registry.get(ENV_CREATOR, self.name), env_context)
 
     def __repr__(self) -> str:
         return f"TuneEnvCreator({self.name!r})"
-
-
-def _in_tune_registry(name: str) -> bool:
-    try:
-        from ray.tune.registry import ENV_CREATOR, _global_registry
-    except ImportError:
-        return False
-    return _global_registry.contains(ENV_CREATOR, name)
 
 
 def resolve_env(env: Any) -> Any:
@@ -92,7 +91,7 @@ def resolve_env(env: Any) -> Any:
     if isinstance(env, str):
         if env in registered_env_names():
             return env
-        if _in_tune_registry(env):
+        if tune_env_creator(env) is not None:
             return TuneEnvCreator(env)
         if env in gymnax_env_ids(runnable_only=False):
             return env
