@@ -433,13 +433,22 @@ def test_reset_failures_are_recovered_and_counted(caplog):
 
 def test_non_finite_observations_are_failures_on_the_host_too():
     log = FailureLog()
-    runner = jr.SingleAgentEnvRunner(config=_flaky_config(log, num_envs=8, nan_period=300))
+    runner = jr.SingleAgentEnvRunner(config=_flaky_config(log, num_envs=8, nan_period=300)
+                                     .reporting(metrics_num_episodes_for_smoothing=1000))
     batch = runner.sample(num_timesteps=3000)
     traj = jax.device_get(batch.trajectory())
     assert np.isfinite(traj.obs[traj.valid]).all()
     for episode in batch:
         assert np.isfinite(np.asarray(episode.observations)).all()
-    assert runner.get_metrics()["num_env_step_failures"] == len(log.failures) > 0
+    metrics = runner.get_metrics()
+    assert metrics["num_env_step_failures"] == len(log.failures) > 0
+    # The metrics hold exactly the returned finished episodes: a discarded episode's
+    # steps are in none of them.
+    lengths = [len(e) for e in batch if e.is_done]
+    assert metrics["num_episodes"] == len(lengths) > 0
+    assert metrics["episode_len_mean"] == pytest.approx(np.mean(lengths))
+    assert metrics["episode_return_mean"] == pytest.approx(np.mean(lengths))
+    assert metrics["episode_len_max"] == max(lengths)
 
 
 def test_an_env_that_fails_forever_stops_with_a_clear_error():

@@ -29,9 +29,12 @@ What comes out is what the compiled path returns: host numpy `Trajectory` chunks
 returns are not recorded, as in the compiled rollout), the same chunk-start counters,
 episode ids, lookback and cuts, so `EpisodeBatch`, host views, `trajectory()` and
 `concat_episode` work unchanged. Finished episodes go into the same `MetricRegisters`
-ring with the compiled rollout's own `write_ring`, and the lookback rolls with its
-`roll_lookback`, run on the host-sized chunk buffers (one program per chunk shape: no
-numpy twins of device code).
+ring with the compiled rollout's own `write_ring` (returns and lengths derived from the
+rewards and each chunk's start counters, as in the compiled chunk), and the lookback
+rolls with the single-agent layout's `roll_lookback`, run on the host-sized chunk buffers
+(one program per chunk shape, one transfer per call). The per-step episode counters
+(length, return, `is_first`, previous reward) and the `check_finite` test of each step's
+rewards and final observations are numpy on the host, where the env's arrays are.
 
 Episodes: the runner builds its vector envs with gymnasium's `SAME_STEP` autoreset (a
 finished sub-env is reset inside the step; its final observation comes in
@@ -63,11 +66,10 @@ import numpy as np
 from flax import struct
 
 from jaxrunner.core.carry import Lookback, MetricRegisters, RolloutCarry, Trajectory
-from jaxrunner.core.faults import all_finite
 from jaxrunner.core.final_obs import store_from_dense
-from jaxrunner.core.lookback import roll_lookback
-from jaxrunner.core.ring import RingInput, write_ring
-from jaxrunner.core.rollout import RolloutSpec, make_act_fn, sample_action_space
+from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, write_ring
+from jaxrunner.core.rollout import (RolloutSpec, SingleAgentLayout, make_act_fn,
+                                    sample_action_space)
 from jaxrunner.envs.gymnasium_env import RESTART_HINT, HostEnvSource, create_with_retries
 from jaxrunner.envs.spaces import action_dtype
 from jaxrunner.episodes.batch import EpisodeBatch
@@ -119,30 +121,34 @@ def _canonical(tree: Any) -> Any:
     return jax.tree.map(leaf, tree)
 
 
-@jax.jit
-def _finite_rows(rewards, final_obs):
-    """(B,) bool: the rewards and final observations of each sub-env are finite (the
-    compiled rollout's `all_finite`, on one host step's arrays)."""
-    ok = all_finite((rewards, final_obs))
-    return jnp.ones(rewards.shape, jnp.bool_) if ok is None else ok
+def _finite_rows(rewards: np.ndarray, final_obs: Any) -> np.ndarray:
+    """(B,) bool: the rewards and final observations of each sub-env are finite (what
+    the compiled rollout's `all_finite` checks, on one host step's numpy arrays: a jitted
+    call here would be a second device round trip per vector step)."""
+    ok = np.ones(rewards.shape, np.bool_)
+    for leaf in jax.tree.leaves((rewards, final_obs)):
+        if np.issubdtype(leaf.dtype, np.floating):
+            ok &= np.isfinite(leaf).reshape(leaf.shape[0], -1).all(axis=-1)
+    return ok
 
 
 @jax.jit
-def _write_ring(registers, ring, start_step, episodes_limit):
-    return write_ring(registers, ring, start_step, episodes_limit)
+def _write_ring(registers, ring, start_step, episodes_limit, counted_len, start_len,
+                start_return, end_len):
+    """The compiled rollout's `write_ring` for one chunk buffer; returns the registers,
+    the episode limit left and the summed length of the counted episodes so far (both
+    () int32, kept on the device from chunk to chunk)."""
+    update = write_ring(registers, ring, start_step, episodes_limit,
+                        start_episode_len=start_len, start_episode_return=start_return,
+                        end_episode_len=end_len)
+    return (update.registers, episodes_limit - update.num_counted,
+            counted_len + update.counted_len)
 
 
-@jax.jit
-def _roll_chunk(lookback: Lookback, chunk: Lookback, rows) -> Lookback:
-    """`lookback` rolled over the first `rows` rows of one chunk buffer (the compiled
-    rollout's `roll_lookback`, on host-sized arrays: one program per chunk shape)."""
-    roll = lambda old, new: roll_lookback(old, new, rows)  # noqa: E731
-    return Lookback(
-        obs=jax.tree.map(roll, lookback.obs, chunk.obs),
-        actions=roll(lookback.actions, chunk.actions),
-        rewards=roll(lookback.rewards, chunk.rewards),
-        extra_model_outputs={name: jax.tree.map(roll, old, chunk.extra_model_outputs[name])
-                             for name, old in lookback.extra_model_outputs.items()})
+# `lookback` rolled over the first `rows` rows of one chunk buffer: the compiled
+# single-agent layout's own `roll_lookback`, on host-sized arrays (one program per chunk
+# shape).
+_roll_chunk = jax.jit(SingleAgentLayout.roll_lookback)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,12 +289,15 @@ class HostSampleResult:
 
 
 class _ChunkBuffer:
-    """`chunk_len` preallocated host rows of a `Trajectory`."""
+    """`chunk_len` preallocated host rows of a `Trajectory`, and the episode counters
+    `(B,)` at its start (for the metric ring, as the compiled chunk's start carry)."""
 
-    def __init__(self, chunk_len: int, obs: Any, actions: np.ndarray, extras: dict):
+    def __init__(self, chunk_len: int, obs: Any, actions: np.ndarray, extras: dict,
+                 start_len: np.ndarray, start_return: np.ndarray):
         zeros = lambda x: np.zeros((chunk_len,) + x.shape, x.dtype)  # noqa: E731
         num_envs = actions.shape[0]
         self.rows = 0
+        self.start_len, self.start_return = start_len.copy(), start_return.copy()
         self.obs = jax.tree.map(zeros, obs)
         self.final_obs = jax.tree.map(zeros, obs)
         self.actions = zeros(actions)
@@ -296,15 +305,12 @@ class _ChunkBuffer:
         self.rewards = np.zeros((chunk_len, num_envs), np.float32)
         self.terminated = np.zeros((chunk_len, num_envs), np.bool_)
         self.truncated = np.zeros((chunk_len, num_envs), np.bool_)
-        self.episode_return = np.zeros((chunk_len, num_envs), np.float32)
-        self.episode_len = np.zeros((chunk_len, num_envs), np.int32)
         self.failed = np.zeros((chunk_len, num_envs), np.bool_)
         self._obs_leaves = jax.tree.leaves(self.obs)
         self._final_leaves = jax.tree.leaves(self.final_obs)
         self._extra_leaves = jax.tree.leaves(self.extras)
 
-    def write(self, obs, actions, extras, rewards, terminated, truncated, final_obs,
-              episode_return, episode_len) -> None:
+    def write(self, obs, actions, extras, rewards, terminated, truncated, final_obs) -> None:
         t = self.rows
         for buf, value in zip(self._obs_leaves, jax.tree.leaves(obs)):
             buf[t] = value
@@ -316,8 +322,6 @@ class _ChunkBuffer:
         self.rewards[t] = rewards
         self.terminated[t] = terminated
         self.truncated[t] = truncated
-        self.episode_return[t] = episode_return
-        self.episode_len[t] = episode_len
         self.rows = t + 1
 
     @property
@@ -325,8 +329,6 @@ class _ChunkBuffer:
         return np.arange(self.rewards.shape[0]) < self.rows
 
     def trajectory(self) -> Trajectory:
-        # Per-step episode lengths/returns stay here (for the metrics), as the compiled
-        # rollout does not return them either.
         return Trajectory(obs=self.obs, actions=self.actions, rewards=self.rewards,
                           terminated=self.terminated, truncated=self.truncated,
                           final_obs_store=store_from_dense(self.final_obs, self.valid),
@@ -594,7 +596,7 @@ class HostEnvEngine:
             self._check_reset_mask_honoured(stepped, next_obs, done)
         rewards = np.asarray(rewards, np.float32)
         if self.settings.check_finite:
-            ok = np.asarray(jax.device_get(_finite_rows(rewards, final_obs)))
+            ok = _finite_rows(rewards, final_obs)
             if not ok.all():
                 raise NonFiniteStepError(
                     f"sub-env {int(np.flatnonzero(~ok)[0])} returned a non-finite "
@@ -640,9 +642,10 @@ class HostEnvEngine:
         episode_len = call.episode_len + 1
         episode_return = call.episode_return + rewards
         if call.rows % self._chunk_len == 0:
-            call.buffers.append(_ChunkBuffer(self._chunk_len, call.obs, actions, extras))
+            call.buffers.append(_ChunkBuffer(self._chunk_len, call.obs, actions, extras,
+                                             call.episode_len, call.episode_return))
         call.buffers[-1].write(call.obs, actions, extras, rewards, terminated, truncated,
-                               final_obs, episode_return, episode_len)
+                               final_obs)
         call.rows += 1
         call.episode_count += done.astype(np.int32)
         call.episode_len = np.where(done, 0, episode_len).astype(np.int32)
@@ -693,7 +696,7 @@ class HostEnvEngine:
         self._call = None
         chunks = [buffer.trajectory() for buffer in call.buffers]
         metrics, returned_episode_steps = self._update_metrics(
-            carry.metrics, call.buffers, start_step, num_episodes)
+            carry.metrics, call.buffers, call.episode_len, start_step, num_episodes)
         result.carry = call.to_carry(carry, start_step + call.rows, metrics)
         result.lookback = self._roll_lookback(lookback_at_start, call.buffers)
         result.env_step_failures = self._failures
@@ -717,27 +720,26 @@ class HostEnvEngine:
         result.vector_steps, result.env_steps, result.discarded = call.rows, env_steps, discarded
 
     @staticmethod
-    def _update_metrics(registers, buffers: list[_ChunkBuffer], start_step: int,
-                        num_episodes: int | None):
+    def _update_metrics(registers, buffers: list[_ChunkBuffer], end_len: np.ndarray,
+                        start_step: int, num_episodes: int | None):
         """Writes the finished episodes of the call's chunks into the ring with the
-        compiled rollout's `write_ring` (failed episodes are not finished: their rows are
-        neither terminated nor truncated); returns the registers and the summed length of
-        the counted episodes."""
-        limit = 2**31 - 1 if num_episodes is None else int(num_episodes)
-        step, counted_len = start_step, 0
-        for buffer in buffers:
-            ring = RingInput(done=buffer.terminated | buffer.truncated, failed=None,
-                             valid=buffer.valid, episode_return=buffer.episode_return,
-                             episode_len=buffer.episode_len)
-            update = _write_ring(registers, ring, np.uint32(step % 2**32), np.int32(limit))
-            registers = update.registers
-            num_new, length = (int(x) for x in jax.device_get((update.num_counted,
-                                                                update.counted_len)))
-            counted_len += length
-            if num_episodes is not None:
-                limit -= num_new
+        compiled rollout's `write_ring`, from the rewards and each chunk's start and end
+        episode counters as the compiled chunk does (a discarded episode ends at its
+        `failed` row and is not counted); returns the registers and the summed length of
+        the counted episodes. `end_len`: the episode lengths `(B,)` after the call."""
+        # The limit left and the counted length stay on the device from chunk to chunk:
+        # one transfer for the call, not one per chunk.
+        limit = np.int32(NO_EPISODE_LIMIT if num_episodes is None else num_episodes)
+        step, counted_len = start_step, np.int32(0)
+        ends = [buffer.start_len for buffer in buffers[1:]] + [end_len]
+        for buffer, chunk_end_len in zip(buffers, ends):
+            ring = RingInput(done=buffer.terminated | buffer.truncated, failed=buffer.failed,
+                             valid=buffer.valid, rewards=buffer.rewards)
+            registers, limit, counted_len = _write_ring(
+                registers, ring, np.uint32(step % 2**32), limit, counted_len,
+                buffer.start_len, buffer.start_return, chunk_end_len)
             step += buffer.rows
-        return registers, counted_len
+        return registers, int(jax.device_get(counted_len))
 
     @staticmethod
     def _roll_lookback(lookback: Lookback, buffers: list[_ChunkBuffer]) -> Lookback:
