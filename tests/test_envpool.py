@@ -97,6 +97,15 @@ def test_a_failing_pool_is_recreated_with_a_fresh_seed_and_counted(monkeypatch):
     assert metrics["num_env_step_failures"] == 1 and metrics["num_env_steps_discarded"] > 0
     for episode in batch:
         episode.validate()
+    # Rows 0-3 are the pool seeded with the runner's seed (sub-env i: seed + i); row 4 is
+    # the first step of the recreated pool, whose fresh seed does not replay them.
+    traj = jax.device_get(batch.trajectory())
+    for i in range(NUM_ENVS):
+        seeded = envpool.make_gymnasium("CartPole-v1", num_envs=1, batch_size=1,
+                                        seed=SEED + i, max_episode_steps=LIMIT)
+        first_obs = seeded.reset()[0][0]
+        np.testing.assert_allclose(traj.obs[0, i], first_obs)
+        assert not np.allclose(traj.obs[4, i], first_obs)
     runner.stop()
 
 
