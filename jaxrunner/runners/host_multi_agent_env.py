@@ -23,7 +23,8 @@ runner's next `sample()` must reset.
 No numpy twin of the device code: every vector step runs the multi-agent layout's own
 `act` (one jitted call; actions and the acting mask come back in one transfer) and its
 own `after_step` (pending agent steps, reward accumulation, completion, module state) on
-the host step's outcome; a chunk ends with the layout's `decode`, the ring's `write_ring`,
+the host step's outcome, writing the step's record into the chunk's `(T, ...)` buffers in
+place (donated); a chunk ends with the layout's `decode`, the ring's `write_ring`,
 `after_ring`, `roll_lookback` and `info_extras`, jitted once per chunk shape. The
 layout's env state of a host sub-env is the mask of agents that got an observation.
 
@@ -314,7 +315,8 @@ class HostMultiAgentEngine:
 
         return {
             "layout": layout, "init": _jit(init), "reset": _jit(reset), "act": _jit(act),
-            "after": _jit(after), "finish": _jit(finish),
+            # The chunk's (T, ...) record buffers are updated in place.
+            "after": _jit(after, donate_argnames="buffers"), "finish": _jit(finish),
             "begin": _jit(lambda carry, offset: layout.begin_chunk(carry, offset)),
             "raw_act": act, "raw_after": after, "record_shape": None,
         }
