@@ -29,7 +29,7 @@ traced value, so nothing recompiles when only values change.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -134,25 +134,25 @@ class Sampler:
     (multi-agent).
     """
 
-    def __init__(self, runner: Any):
-        if getattr(runner, "env", None) is None:
-            raise ValueError(f"Sampler: the runner {runner!r} has no env (a local runner of a "
-                             "group); build the sampler from a config with an env.")
-        if getattr(runner, "_host", None) is not None:
-            raise ValueError(
-                f"Sampler: the env {runner.env_name!r} is a gymnasium env stepped on the host; "
-                "a pure sampler needs a JAX env (gymnax-style reset/step).")
+    def __init__(self, runner: Any, *, rollout_fns: Callable[[str], ChunkFns], num_steps: int,
+                 default_key: jax.Array, current_params: Callable[[], Any],
+                 agent_ids: tuple[str, ...] = ()):
+        """Built by the runner (`runner.sampler`), which hands over its layout's
+        `rollout_fns(mode) -> ChunkFns`, the chunk length, the key its own carry starts
+        from, a getter of its current inference params and (multi-agent) its agent ids;
+        the env, module and config are the runner's public attributes."""
         self.runner = runner  # the runner this sampler was built from
-        self._rollout_fns = runner._rollout_fns
+        self._rollout_fns = rollout_fns
+        self._current_params = current_params
         self.config = runner.config
         self.env = runner.env
         self.env_params = runner.env_params
         self.env_name = runner.env_name
         self.module = runner.module
         self.num_envs = runner.num_envs
-        self.num_steps = runner._chunk_len()
-        self.default_key = jax.random.fold_in(runner._base_key, 2)
-        self.agent_ids = tuple(getattr(runner, "_agent_ids", ()) or ())
+        self.num_steps = int(num_steps)
+        self.default_key = default_key
+        self.agent_ids = tuple(agent_ids)
         self.module_ids = tuple(self.module.module_ids) if self.agent_ids else ()
         self.multi_agent = bool(self.agent_ids)
         self._restart = bool(self.config.restart_failed_sub_environments)
@@ -165,7 +165,7 @@ class Sampler:
     @property
     def params(self) -> Any:
         """The runner's current inference params (initial ones unless weights were set)."""
-        return self.runner._params
+        return self._current_params()
 
     # ------------------------------------------------------------------ pure pieces
     def chunk_fns(self, mode: str = "explore") -> ChunkFns:

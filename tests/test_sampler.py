@@ -146,6 +146,15 @@ def test_bad_input__raises_clear_errors(runner):
         sampler.from_runner_state(runner.get_state())
     with pytest.raises(ValueError, match="mode must be one of"):
         sampler.chunk_fns("greedy")
+    # Runners without a JAX env have no sampler.
+    host = jaxrunner.SingleAgentEnvRunner(config=make_config("gymnasium:CartPole-v1"))
+    with pytest.raises(ValueError, match="stepped on the host; a pure sampler needs a JAX env"):
+        host.sampler
+    host.stop()
+    local = jaxrunner.SingleAgentEnvRunner(config=make_config(num_env_runners=2),
+                                           worker_index=0)
+    with pytest.raises(ValueError, match="has no env"):
+        local.sampler
 
 
 def test_multi_agent_fused_calls__equal_runner_calls():

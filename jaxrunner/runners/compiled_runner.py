@@ -218,7 +218,7 @@ class CompiledEnvRunner(EnvRunner):
                 f"compiled rollout, but the env {self.env_name!r} is stepped on the host. "
                 "Use a host callback instead: on_episode_end=jaxrunner.on_host(fn) or "
                 "on_sample_end.")
-        fns = self._rollout_fns("explore")
+        fns = self.sampler.chunk_fns("explore")  # the sampler's: callbacks traced once
         carry = jax.eval_shape(fns.init_carry, jax.random.key(0), self._params,
                                self.env_params)
         names = fns.bound_callbacks(carry, self._params, self.env_params).names
@@ -304,8 +304,23 @@ class CompiledEnvRunner(EnvRunner):
         if "sampler" not in self._compiled:
             from jaxrunner.sampler import Sampler
 
-            self._compiled["sampler"] = Sampler(self)
+            if self.env is None:
+                raise ValueError(
+                    f"Sampler: the runner {self!r} has no env (a local runner of a group); "
+                    "build the sampler from a config with an env.")
+            if not self._carry_is_capturable():
+                raise ValueError(
+                    f"Sampler: the env {self.env_name!r} is stepped on the host; a pure "
+                    "sampler needs a JAX env (gymnax-style reset/step).")
+            self._compiled["sampler"] = Sampler(
+                self, rollout_fns=self._rollout_fns, num_steps=self._chunk_len(),
+                default_key=self._carry_start_key(), current_params=lambda: self._params,
+                agent_ids=tuple(getattr(self, "agent_ids", ())))
         return self._compiled["sampler"]
+
+    def _carry_start_key(self) -> jax.Array:
+        """The key a fresh carry starts from (`Sampler.default_key` too)."""
+        return jax.random.fold_in(self._base_key, 2)
 
     def _fns(self, mode: str) -> dict:
         """The sampler's rollout functions for `mode`, jitted once per runner build."""
@@ -314,8 +329,8 @@ class CompiledEnvRunner(EnvRunner):
     def _ensure_carry(self) -> None:
         if self._carry is None:
             fns = self._fns("explore")
-            self._carry = fns["init_carry"](jax.random.fold_in(self._base_key, 2),
-                                            self._params, self.env_params)
+            self._carry = fns["init_carry"](self._carry_start_key(), self._params,
+                                            self.env_params)
             self._lookback = fns["init_lookback"](self._carry, self._params, self.env_params)
             self._needs_reset = False
             self._place_on_devices()
