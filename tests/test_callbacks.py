@@ -403,9 +403,12 @@ def test_rllib_dropin_calls_on_episode_end_for_finished_episodes():
     from jaxrunner.rllib import JaxEnvRunner
 
     ended = []
+    earlier_chunks = {}
 
-    def on_episode_end(*, episode, env_runner, metrics_logger, env_index, **kwargs):
+    def on_episode_end(*, episode, env_runner, metrics_logger, env_index,
+                       prev_episode_chunks, **kwargs):
         ended.append((episode.id_, episode.is_done, env_index))
+        earlier_chunks[episode.id_] = (episode, prev_episode_chunks)
         metrics_logger.log_value("len_seen", len(episode), reduce="sum")
 
     config = (PPOConfig().environment("CartPole-v1")
@@ -420,4 +423,21 @@ def test_rllib_dropin_calls_on_episode_end_for_finished_episodes():
     assert sorted(i for i, _, _ in ended) == sorted(e.id_ for e in done)
     assert all(flag and index in (0, 1) for _, flag, index in ended)
     assert runner.get_metrics()["len_seen"] == sum(len(e) for e in done)
+    # As RLlib: prev_episode_chunks holds the episode's earlier chunks this runner
+    # returned, so [*prev_episode_chunks, episode] is the whole episode.
+    assert all(prev == [] for _, prev in earlier_chunks.values())  # first call: no cuts
+    returned = {}
+    for batch in [episodes] + [runner.sample() for _ in range(3)]:
+        for chunk in batch:
+            returned.setdefault(chunk.id_, []).append(chunk)
+    spanning = 0
+    for id_, (episode, prev) in earlier_chunks.items():
+        if episode.t_started == 0 or id_ not in returned:
+            continue
+        spanning += 1
+        assert [id(c) for c in prev] == [id(c) for c in returned[id_][:-1]]
+        assert returned[id_][-1] is episode
+        assert [c.t_started for c in prev + [episode]] == list(
+            np.cumsum([0] + [len(c) for c in prev]))
+    assert spanning > 0
     runner.stop()

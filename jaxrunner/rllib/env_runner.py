@@ -119,7 +119,9 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         self._layout: Optional[PPOLayout] = None
         self._weights_seq_no = 0
         self._needs_initial_reset = True
-        self._ongoing_chunks: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+        # id -> [((length, return, seconds), chunk)] of the running episodes' earlier chunks.
+        self._ongoing_chunks: dict[str, list[tuple[tuple[int, float, float], Any]]] = (
+            defaultdict(list))
         self._done_episode_stats: list[tuple[int, float, float]] = []
         self._env_step_failures_seen = 0
         self._time_after_sampling: Optional[float] = None
@@ -257,22 +259,21 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             else:
                 env_steps = vector_steps * self.num_envs
             seconds_per_step = elapsed / max(vector_steps, 1)
-            num_done = self._book_episodes(episodes, seconds_per_step)
+            finished = self._book_episodes(episodes, seconds_per_step)
             if num_episodes is None and vector_steps > 0:
                 self._forget_dead_chunks(episodes)
             self._log_env_steps(metric=self._metrics_num_try_env_step, num_steps=vector_steps)
             self._log_env_steps(metric=self._metrics_num_env_steps_sampled,
                                 num_steps=env_steps)
-            self._increase_sampled_metrics(env_steps, num_done)
-            for episode in episodes:
-                if episode.is_done:  # RLlib calls it when the episode ends
-                    make_callback(
-                        "on_episode_end",
-                        callbacks_objects=self._callbacks,
-                        callbacks_functions=self.config.callbacks_on_episode_end,
-                        kwargs=dict(episode=episode, env_runner=self,
-                                    metrics_logger=self.metrics, env=self.env,
-                                    env_index=env_index_of(episode), rl_module=self.module))
+            self._increase_sampled_metrics(env_steps, len(finished))
+            for episode, earlier in finished:  # RLlib calls it when the episode ends
+                make_callback(
+                    "on_episode_end",
+                    callbacks_objects=self._callbacks,
+                    callbacks_functions=self.config.callbacks_on_episode_end,
+                    kwargs=dict(episode=episode, prev_episode_chunks=earlier,
+                                env_runner=self, metrics_logger=self.metrics, env=self.env,
+                                env_index=env_index_of(episode), rl_module=self.module))
             make_callback(
                 "on_sample_end",
                 callbacks_objects=self._callbacks,
@@ -282,21 +283,23 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         self._time_after_sampling = time.perf_counter()
         return episodes
 
-    def _book_episodes(self, episodes: list, seconds_per_step: float) -> int:
-        """Remembers chunk lengths/returns/durations; whole-episode stats of finished
-        episodes (all their chunks) wait for `get_metrics()`. Returns finished count."""
-        num_done = 0
+    def _book_episodes(self, episodes: list, seconds_per_step: float) -> list[tuple]:
+        """Remembers the running episodes' chunks with their lengths/returns/durations;
+        whole-episode stats of finished episodes (all their chunks) wait for
+        `get_metrics()`. Returns `[(finished episode, its earlier chunks)]` (RLlib's
+        `on_episode_end(episode, prev_episode_chunks)`)."""
+        finished = []
         for episode in episodes:
             length = len(episode)
             stats = (length, float(episode.get_return()), length * seconds_per_step)
             if episode.is_done:
-                num_done += 1
                 earlier = self._ongoing_chunks.pop(episode.id_, [])
                 self._done_episode_stats.append(tuple(
-                    sum(values) for values in zip(stats, *earlier)))
+                    sum(values) for values in zip(stats, *(s for s, _ in earlier))))
+                finished.append((episode, [chunk for _, chunk in earlier]))
             else:
-                self._ongoing_chunks[episode.id_].append(stats)
-        return num_done
+                self._ongoing_chunks[episode.id_].append((stats, episode))
+        return finished
 
     def _forget_dead_chunks(self, episodes: list) -> None:
         """After a timestep-mode call that stepped: every running episode got a chunk;
