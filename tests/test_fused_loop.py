@@ -36,11 +36,13 @@ def test_readme_inside_your_own_jit__runs(capsys):
 
 @pytest.mark.timeout(900)
 def test_notebook__05_fused_ppo():
-    from test_notebooks import _num_images, _run, _text
+    pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    from notebook_helpers import num_images, output_text, run_notebook
 
-    notebook = _run("05_fused_ppo.ipynb")
-    text = _text(notebook)
+    notebook = run_notebook("05_fused_ppo.ipynb")
+    text = output_text(notebook)
     assert "fused: 8 seeds x 3 iterations" in text
     assert "same episode_return_mean: True" in text
     assert "back in the fused loop at" in text
-    assert _num_images(notebook) == 1
+    assert num_images(notebook) == 1
