@@ -20,10 +20,12 @@ run in alternating rounds in one process (`jaxrunner.benchmarking.compare`); the
 call of each side (compilation included) is timed too. `--adapted-scan` adds a third side:
 the same PureJaxRL-style scan of the *adapted* env (`jaxrunner.benchmarking.make_bare_scan`).
 The load average is recorded before and after each case (the machine may be shared).
-JSON to `benchmarks/results/env_suites.json`.
+JSON to `benchmarks/results/env_suites.json`, each row with the git commit it measured
+(`source`).
 
     python benchmarks/env_suites.py                  # every installed case, 1024 envs
     python benchmarks/env_suites.py --cases brax/inverted_pendulum --num-envs 4096
+    python benchmarks/env_suites.py --merge --cases navix/Navix-Empty-5x5-v0  # one case
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import argparse
 import importlib.util
 import json
 import os
+import subprocess
 import time
 from typing import Any, Callable
 
@@ -207,7 +210,11 @@ def main() -> None:
     parser.add_argument("--adapted-scan", action="store_true",
                         help="also time a bare scan of the adapted env")
     parser.add_argument("--output", default=os.path.join(RESULTS, "env_suites.json"))
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the rows of --output for cases not measured now (one "
+                             "process per case: run each with --merge)")
     args = parser.parse_args()
+    kept = _kept(args.output, args.cases) if args.merge else {"cases": []}
     out: dict[str, Any] = {
         "benchmark": "env_suites",
         "policy": f"mlp{HIDDENS} tanh, sampled actions (explore)",
@@ -215,7 +222,9 @@ def main() -> None:
                      "wrap(env); PureJaxRL-style scan of Craftax's / Navix's own "
                      "auto-resetting step)",
         "machine": machine_info(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "cases": [], "not_installed": []}
+        "cases": kept.pop("cases"), "not_installed": []}
+    out.update({key: value for key, value in kept.items() if key not in out})
+    source = _source_revision()
     for case in args.cases:
         package, _, default_steps = CASES[case]
         if importlib.util.find_spec(package) is None:
@@ -223,6 +232,7 @@ def main() -> None:
             continue
         row = measure(case, args.num_envs, args.num_steps or default_steps, args.rounds,
                       args.adapted_scan)
+        row["source"] = source
         out["cases"].append(row)
         _write(out, args.output)  # after every case: a long sweep keeps what it measured
         steps = row["median_steps_per_s"]
@@ -234,6 +244,39 @@ def main() -> None:
               f"->{row['loadavg_after'][0]:.1f}", flush=True)
     _write(out, args.output)
     print(f"wrote {args.output}")
+
+
+def _kept(path: str, cases: list[str]) -> dict[str, Any]:
+    """What `--merge` keeps of the JSON at `path` (if any): its rows for cases other than
+    `cases`, and its other entries (notes, `not_measured` less `cases`)."""
+    if not os.path.exists(path):
+        return {"cases": []}
+    with open(path) as f:
+        old = json.load(f)
+    kept = {key: value for key, value in old.items()
+            if key not in ("benchmark", "policy", "reference", "machine", "xla_flags",
+                           "not_installed")}
+    kept["cases"] = [row for row in old.get("cases", []) if row["case"] not in cases]
+    if isinstance(kept.get("not_measured"), dict):
+        kept["not_measured"] = {case: why for case, why in kept["not_measured"].items()
+                                if case not in cases}
+    return kept
+
+
+def _source_revision() -> dict[str, Any]:
+    """The git commit of the measured code and whether the work tree differed from it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*command: str) -> str:
+        return subprocess.run(("git", "-C", root) + command, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    try:
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", "jaxrunner",
+                      "benchmarks")
+        return {"commit": git("rev-parse", "HEAD"), "uncommitted_changes": bool(changed)}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "uncommitted_changes": None}
 
 
 def _write(out: dict, path: str) -> None:
