@@ -22,6 +22,15 @@ counted in the metrics) and raising on a failing sub-env (a failure with
 and is counted in `num_env_step_failures`, where the runner raises and restarts on the next
 call).
 
+Device callbacks (`config.callbacks(on_episode_end=...)`) run in the fused chunk as in
+the runner: their per-episode state rides in the carry, their metric ring is part of the
+metrics (`SampleMetrics.custom_registers`) and their lifetime sums are kept on the device
+(`SamplerCounters.custom_lifetime_*`, float32 pairs summed without rounding loss: see
+`SamplerCounters`), so `Sampler.reduce_metrics` gives the custom keys `get_metrics()` gives
+and a state handed to a runner (`to_runner_state`) keeps reporting them. Values logged by
+host callbacks (`metrics_logger.log_value`) need the host: a fused loop has none, and a
+runner that takes over keeps its own host-logged values.
+
 Static sizes (`num_envs`, the chunk length `T`, the policy mode) are Python values fixed
 when the sampler is built or passed as Python arguments; the number of steps to take is a
 traced value, so nothing recompiles when only values change.
@@ -36,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxrunner.core.callbacks import CustomRegisters, MetricSpec
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.chunk import POLICY_MODES, ChunkFns
 from jaxrunner.core.ring import NO_EPISODE_LIMIT
@@ -48,7 +58,15 @@ _MOD = 2**32
 class SamplerCounters:
     """The runner's host counters as device scalars (uint32, mod 2**32), so a fused loop
     can hand its state back to a runner with exact metrics. `A` agents, `M` modules
-    (both 0 for a single-agent sampler)."""
+    (both 0 for a single-agent sampler), `K` device-callback metrics (0 without them).
+
+    The custom metrics' sums are float32 pairs `(hi, lo)` with `hi + lo` the sum (each
+    chunk's float32 sum is added with an error-free two-sum, so only the low part
+    rounds): about 48 bits of precision, where the runner sums the same chunk sums in
+    float64 on the host (JAX runs without float64 by default). The two are equal while
+    the sum is exact in 48 bits (e.g. integer-valued metrics, counts and sums of episode
+    lengths, below 2**48); otherwise each addition rounds by at most 2**-48 of the sum
+    (float64: 2**-53)."""
 
     vector_steps: jax.Array  # () vector steps sampled (lifetime)
     env_steps_lo: jax.Array  # () env steps sampled (lifetime), low 32 bits
@@ -63,11 +81,19 @@ class SamplerCounters:
     agent_seen: jax.Array  # (A,) device agent-step counters at the last get_metrics()
     module_steps_lifetime: jax.Array  # (M,)
     module_seen: jax.Array  # (M,)
+    custom_lifetime_hi: jax.Array | None = None  # (K,) float32: lifetime custom metric sums
+    custom_lifetime_lo: jax.Array | None = None  # (K,) float32: ... their low parts
+    custom_unreported_hi: jax.Array | None = None  # (K,) float32: ... not yet reported
+    custom_unreported_lo: jax.Array | None = None  # (K,) float32
 
     @classmethod
-    def zeros(cls, num_agents: int = 0, num_modules: int = 0) -> "SamplerCounters":
+    def zeros(cls, num_agents: int = 0, num_modules: int = 0,
+              num_custom: int = 0) -> "SamplerCounters":
         def z():  # one buffer per field (a state may be donated)
             return jnp.zeros((), jnp.uint32)
+
+        def f():
+            return jnp.zeros((num_custom,), jnp.float32)
 
         return cls(vector_steps=z(), env_steps_lo=z(), env_steps_hi=z(),
                    env_steps_unreported=z(), discarded_lifetime=z(), discarded_unreported=z(),
@@ -75,7 +101,35 @@ class SamplerCounters:
                    agent_steps_lifetime=jnp.zeros((num_agents,), jnp.uint32),
                    agent_seen=jnp.zeros((num_agents,), jnp.uint32),
                    module_steps_lifetime=jnp.zeros((num_modules,), jnp.uint32),
-                   module_seen=jnp.zeros((num_modules,), jnp.uint32))
+                   module_seen=jnp.zeros((num_modules,), jnp.uint32),
+                   custom_lifetime_hi=f(), custom_lifetime_lo=f(),
+                   custom_unreported_hi=f(), custom_unreported_lo=f())
+
+
+def _add_exact(hi: jax.Array, lo: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`(hi, lo) + x` for float32 pairs: Knuth's two-sum of `hi + x` (exact), its error
+    added to `lo`, then renormalised so that `|lo| <= ulp(hi) / 2`."""
+    s = hi + x
+    v = s - hi
+    err = (hi - (s - v)) + (x - v)
+    err = err + lo
+    new_hi = s + err
+    return new_hi, err - (new_hi - s)
+
+
+def _split_float64(values: Any, num: int) -> tuple[jax.Array, jax.Array]:
+    """float64 host values as float32 pairs `(hi, lo)`."""
+    x = np.asarray(values, np.float64).reshape(-1)
+    if x.shape != (num,):
+        from jaxrunner.errors import StateStructureError
+
+        raise StateStructureError(
+            f"Sampler.from_runner_state: the state holds {x.size} device-callback metric "
+            f"sums, this sampler's callbacks report {num}: pass the state of a runner built "
+            "from the same config (same config.callbacks(...)).")
+    hi = x.astype(np.float32)
+    lo = (x - hi.astype(np.float64)).astype(np.float32)
+    return jnp.asarray(hi), jnp.asarray(lo)
 
 
 @struct.dataclass
@@ -111,6 +165,11 @@ class SampleMetrics:
     module_steps: jax.Array | None = None  # (M,) int32
     agent_steps_lifetime: jax.Array | None = None  # (A,) uint32 (mod 2**32)
     module_steps_lifetime: jax.Array | None = None  # (M,) uint32 (mod 2**32)
+    # With device callbacks only (None without them):
+    custom_registers: CustomRegisters | None = None  # the ring of the last W episodes' (K,)
+    custom_sums: jax.Array | None = None  # (K,) float32: the call's counted episodes' sums
+    custom_lifetime_hi: jax.Array | None = None  # (K,) float32: lifetime sums (hi + lo)
+    custom_lifetime_lo: jax.Array | None = None  # (K,) float32
 
 
 def _mode(explore: bool, random_actions: bool) -> str:
@@ -131,7 +190,7 @@ class Sampler:
     `env_params`, `module`, `params` (the runner's inference params),
     `default_key` (the key the runner's own carry starts from), `runner` (the runner
     it was built from), `agent_ids`, `module_ids`
-    (multi-agent).
+    (multi-agent), `custom_metrics` (the device callbacks' metrics and how they reduce).
     """
 
     def __init__(self, runner: Any, *, rollout_fns: Callable[[str], ChunkFns], num_steps: int,
@@ -161,6 +220,44 @@ class Sampler:
         self._jitted: dict[str, dict] = {}
         self._jit_sample: dict[tuple, Any] = {}
         self._jit_reset = None
+        self._custom_metrics: dict[str, MetricSpec] | None = None
+
+    @property
+    def custom_metrics(self) -> dict[str, MetricSpec]:
+        """`{name: MetricSpec}` of the device callbacks' metrics in the order of their `K`
+        axis (empty without device callbacks), each window the number of episodes this
+        runner reduces over (`config.custom_metrics`' window split over the remote runners
+        as the runner splits it; the episode smoothing window where none is given; None
+        for lifetime and since-last sums). Pass it to
+        `jaxrunner.metrics.reduce_sample_metrics(..., custom_metrics=...)`."""
+        if self._custom_metrics is None:
+            from jaxrunner.callbacks import device_callbacks
+            from jaxrunner.metrics.custom import runner_window
+
+            fns = self.chunk_fns("explore")
+            callbacks = device_callbacks(self.config)
+            out: dict[str, MetricSpec] = {}
+            if callbacks is not None and fns.bound_callbacks is not None:
+                carry = jax.eval_shape(fns.init_carry, self.default_key, self.params,
+                                       self.env_params)
+                names = fns.bound_callbacks(carry, self.params, self.env_params).names
+                for name in names:
+                    spec = callbacks.custom_metrics.get(name, MetricSpec())
+                    lifetime = spec.reduce == "sum" and spec.window is None
+                    window = None if lifetime else runner_window(
+                        spec, self.config.metrics_window, self.config.num_env_runners)
+                    out[name] = MetricSpec(spec.reduce, window, spec.clear_on_reduce)
+            self._custom_metrics = out
+        return dict(self._custom_metrics)
+
+    def reduce_metrics(self, metrics: SampleMetrics) -> dict[str, Any]:
+        """`jaxrunner.metrics.reduce_sample_metrics` of `metrics` with this sampler's
+        agent, module and custom metric names (host; one call or a stack)."""
+        from jaxrunner.metrics.fused import reduce_sample_metrics
+
+        return reduce_sample_metrics(metrics, agent_ids=self.agent_ids,
+                                     module_ids=self.module_ids,
+                                     custom_metrics=self.custom_metrics)
 
     @property
     def params(self) -> Any:
@@ -207,7 +304,8 @@ class Sampler:
         lookback = fns.init_lookback(carry, params, env_params)
         return SamplerState(carry=carry, lookback=lookback,
                             counters=SamplerCounters.zeros(len(self.agent_ids),
-                                                           len(self.module_ids)))
+                                                           len(self.module_ids),
+                                                           _num_custom(carry)))
 
     def reset(self, state: SamplerState, env_params: Any = None) -> SamplerState:
         """`state` with every sub-env restarted (episodes in progress are abandoned, as
@@ -257,6 +355,12 @@ class Sampler:
         env_steps = steps * jnp.uint32(self.num_envs)
         lo = c.env_steps_lo + env_steps
         discarded = info.discarded_env_steps.astype(jnp.uint32)
+        if info.custom_metric_sums is not None:
+            sums = info.custom_metric_sums
+            lhi, llo = _add_exact(c.custom_lifetime_hi, c.custom_lifetime_lo, sums)
+            uhi, ulo = _add_exact(c.custom_unreported_hi, c.custom_unreported_lo, sums)
+            c = c.replace(custom_lifetime_hi=lhi, custom_lifetime_lo=llo,
+                          custom_unreported_hi=uhi, custom_unreported_lo=ulo)
         return c.replace(
             vector_steps=c.vector_steps + steps, env_steps_lo=lo,
             env_steps_hi=c.env_steps_hi + (lo < c.env_steps_lo).astype(jnp.uint32),
@@ -277,6 +381,11 @@ class Sampler:
                          + (carry.agent_steps - c.agent_seen),
                          module_steps_lifetime=c.module_steps_lifetime
                          + (carry.module_steps - c.module_seen))
+        if info.custom_metric_sums is not None:
+            extra.update(custom_registers=carry.callbacks.registers,
+                         custom_sums=info.custom_metric_sums,
+                         custom_lifetime_hi=c.custom_lifetime_hi,
+                         custom_lifetime_lo=c.custom_lifetime_lo)
         return SampleMetrics(
             registers=carry.metrics,
             num_env_steps=info.num_steps * jnp.int32(self.num_envs),
@@ -307,7 +416,8 @@ class Sampler:
         """A dict for `runner.set_state()` of a runner built from the same config: the
         carry, lookback and the metric counters (and, with `params`, the weights under
         `weights_seq_no`, default 0: always applied). The runner then continues where the
-        fused loop stopped, and its `get_metrics()` reports what the fused calls sampled.
+        fused loop stopped, and its `get_metrics()` reports what the fused calls sampled
+        (the device callbacks' metrics too; the runner keeps its own host-logged values).
         `state` must be one state (index a vmapped batch first)."""
         from jaxrunner.runners.compiled_runner import keys_to_data
 
@@ -338,9 +448,16 @@ class Sampler:
                 "module_seen": [int(v) for v in c.module_seen]}
         else:
             metrics = general
+        component = {"carry": carry, "lookback": lookback, "needs_reset": False,
+                     "key_impl": key_impl, "metrics": metrics}
+        if np.size(c.custom_lifetime_hi):
+            pair = lambda hi, lo: (np.asarray(hi, np.float64)  # noqa: E731
+                                   + np.asarray(lo, np.float64)).tolist()
+            component["custom_metrics"] = {"device": {
+                "lifetime": pair(c.custom_lifetime_hi, c.custom_lifetime_lo),
+                "since_last": pair(c.custom_unreported_hi, c.custom_unreported_lo)}}
         out: dict[str, Any] = {
-            CARRY_COMPONENT: {"carry": carry, "lookback": lookback, "needs_reset": False,
-                              "key_impl": key_impl, "metrics": metrics},
+            CARRY_COMPONENT: component,
             "num_env_steps_sampled_lifetime": int(c.env_steps_hi) * _MOD + int(c.env_steps_lo),
         }
         if params is not None:
@@ -381,7 +498,9 @@ class Sampler:
         general = m.get("general", m) if self.multi_agent else m
         u32 = lambda v: jnp.asarray(int(v) % _MOD, jnp.uint32)  # noqa: E731
         lifetime = int(runner_state.get("num_env_steps_sampled_lifetime", 0) or 0)
-        counters = SamplerCounters.zeros(len(self.agent_ids), len(self.module_ids)).replace(
+        num_custom = _num_custom(template.carry)
+        counters = SamplerCounters.zeros(len(self.agent_ids), len(self.module_ids),
+                                         num_custom).replace(
             vector_steps=u32(general.get("vector_steps_lifetime", 0)),
             env_steps_lo=u32(lifetime), env_steps_hi=u32(lifetime // _MOD),
             env_steps_unreported=u32(general.get("env_steps_unreported", 0)),
@@ -399,6 +518,12 @@ class Sampler:
                 module_steps_lifetime=arr(m["module_steps_lifetime"][x]
                                           for x in self.module_ids),
                 module_seen=arr(m["module_seen"]))
+        device = (saved.get("custom_metrics") or {}).get("device")
+        if num_custom and device is not None:
+            hi, lo = _split_float64(device["lifetime"], num_custom)
+            uhi, ulo = _split_float64(device["since_last"], num_custom)
+            counters = counters.replace(custom_lifetime_hi=hi, custom_lifetime_lo=lo,
+                                        custom_unreported_hi=uhi, custom_unreported_lo=ulo)
         state = SamplerState(carry=carry, lookback=lookback, counters=counters)
         if saved.get("needs_reset"):
             if self._jit_reset is None:
@@ -421,6 +546,12 @@ class Sampler:
     def __repr__(self) -> str:
         return (f"Sampler(env={self.env_name!r}, num_envs={self.num_envs}, "
                 f"num_steps={self.num_steps})")
+
+
+def _num_custom(carry: Any) -> int:
+    """`K`, the number of device-callback metrics of a carry (0 without callbacks)."""
+    part = getattr(carry, "callbacks", None)
+    return 0 if part is None else int(part.registers.values.shape[-1])
 
 
 def make_sampler(config: Any, **runner_kwargs: Any) -> Sampler:

@@ -376,7 +376,8 @@ class PPOLearner:
         elapsed = time.perf_counter() - start
         return {"state": state, "stats": jax.device_get(stats),
                 "metrics": reduce_sample_metrics(metrics, agent_ids=sampler.agent_ids,
-                                                 module_ids=sampler.module_ids),
+                                                 module_ids=sampler.module_ids,
+                                                 custom_metrics=sampler.custom_metrics),
                 "time_s": elapsed, "seeds": seed_list}
 
     # ------------------------------------------------------------------ weights

@@ -7,16 +7,27 @@ window, the call's and the lifetime step and episode counters), as Python number
 call and as numpy arrays of shape `S` for a stack: one array per key, one entry per seed /
 iteration. Wall-clock keys (timers, throughput, episode durations) need the host and are
 absent; an empty window gives NaN episode keys in a stack and no episode keys for one call.
+
+With device callbacks, `custom_metrics=sampler.custom_metrics` (or `sampler.reduce_metrics`)
+adds their keys, reduced as `runner.get_metrics()` reduces them (`jaxrunner.MetricSpec`):
+mean / min / max / windowed sums over the ring's last `window` episodes (the same values
+in the same order, so the same float64 result), lifetime sums from the device's
+`(hi, lo)` pair, and "since the last report" sums (`clear_on_reduce=True`) as the call's
+own sum: each fused call is one report, as `num_env_steps_sampled` is the call's steps.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from typing import Mapping
+
 import jax
 import numpy as np
 
+from jaxrunner.core.callbacks import MetricSpec
 from jaxrunner.metrics import keys
+from jaxrunner.metrics.custom import reduce_values
 from jaxrunner.metrics.logger import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
 
 _MOD = 2**32
@@ -54,8 +65,42 @@ def _ring_means(registers: Any, ids: tuple[str, ...]) -> dict[str, np.ndarray]:
             for i, name in enumerate(ids)}
 
 
+def _custom_keys(m: Any, specs: Mapping[str, MetricSpec], lead: tuple[int, ...]
+                 ) -> dict[str, np.ndarray]:
+    """`{name: float64 array of shape lead}` of the device callbacks' metrics (NaN where
+    a mean / min / max had no episode yet), each entry reduced by `reduce_values` over the
+    window's values oldest first, as the runner's `DeviceMetrics.reduce`."""
+    regs = m.custom_registers
+    values = np.asarray(regs.values, np.float64)  # (*lead, W, K)
+    size = np.asarray(regs.size, np.int64)
+    nxt = np.asarray(regs.next, np.int64)
+    lifetime = (np.asarray(m.custom_lifetime_hi, np.float64)
+                + np.asarray(m.custom_lifetime_lo, np.float64))  # (*lead, K)
+    call = np.asarray(m.custom_sums, np.float32).astype(np.float64)  # (*lead, K)
+    slots = values.shape[-2]
+    names = list(specs)
+    if values.shape[-1] != len(names):
+        raise ValueError(
+            f"reduce_sample_metrics: the metrics hold {values.shape[-1]} device-callback "
+            f"metrics, custom_metrics names {len(names)} ({names}): pass the "
+            "custom_metrics of the sampler that produced them (sampler.custom_metrics).")
+    out = {name: np.full(lead, np.nan) for name in names}
+    for index in np.ndindex(*lead):
+        n, head = int(size[index]), int(nxt[index])
+        ring = values[index][(head - n + np.arange(n)) % slots]  # oldest first, (n, K)
+        for k, (name, spec) in enumerate(specs.items()):
+            window = ring[max(0, n - spec.window):, k] if spec.window else ring[:, k]
+            value = reduce_values(spec, window, float(lifetime[index + (k,)]),
+                                  float(call[index + (k,)]))
+            if value is not None:
+                out[name][index] = value
+    return out
+
+
 def reduce_sample_metrics(metrics: Any, *, agent_ids: tuple[str, ...] = (),
-                          module_ids: tuple[str, ...] = ()) -> dict[str, Any]:
+                          module_ids: tuple[str, ...] = (),
+                          custom_metrics: Mapping[str, MetricSpec] | None = None
+                          ) -> dict[str, Any]:
     """RLlib's metric keys from a `SampleMetrics` (device or host arrays).
 
     Args:
@@ -63,6 +108,10 @@ def reduce_sample_metrics(metrics: Any, *, agent_ids: tuple[str, ...] = (),
             (`lax.scan` over iterations, `jax.vmap` over seeds).
         agent_ids, module_ids: a multi-agent sampler's `agent_ids` / `module_ids` (the
             per-agent and per-module keys are keyed by them).
+        custom_metrics: the sampler's `custom_metrics` (`{name: MetricSpec}` with the
+            runner's windows), needed when it has device callbacks: their keys are added
+            (float64 arrays of shape `S` for a stack, NaN before a mean / min / max has an
+            episode; floats for one call, absent then).
 
     Returns:
         For one call, the dict `runner.get_metrics()` returns for the same steps (less the
@@ -71,6 +120,11 @@ def reduce_sample_metrics(metrics: Any, *, agent_ids: tuple[str, ...] = (),
     """
     m = jax.device_get(metrics)
     lead = tuple(np.shape(m.num_env_steps))
+    if m.custom_registers is not None and custom_metrics is None:
+        raise ValueError(
+            "reduce_sample_metrics: these metrics hold device-callback metrics "
+            "(config.callbacks(on_episode_end=...)); pass "
+            "custom_metrics=sampler.custom_metrics, or call sampler.reduce_metrics(metrics).")
     scalar = lead == ()
     stats = _window_stats(m.registers, lead)
     empty = stats.pop("_empty")
@@ -111,9 +165,14 @@ def reduce_sample_metrics(metrics: Any, *, agent_ids: tuple[str, ...] = (),
         keys.NUM_ENV_STEPS_DISCARDED: np.asarray(m.num_env_steps_discarded, np.int64),
         keys.NUM_ENV_STEPS_DISCARDED_LIFETIME: np.asarray(m.discarded_lifetime, np.int64),
     })
+    custom = ({} if m.custom_registers is None or not custom_metrics
+              else _custom_keys(m, dict(custom_metrics), lead))
     if not scalar:
+        out.update(custom)
         return out
-    return _to_python(out, bool(empty))
+    result = _to_python(out, bool(empty))
+    result.update({name: float(v) for name, v in custom.items() if not np.isnan(v)})
+    return result
 
 
 _INT_KEYS = {keys.EPISODE_LEN_MIN, keys.EPISODE_LEN_MAX}
