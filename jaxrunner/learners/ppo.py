@@ -326,7 +326,11 @@ class PPOLearner:
         Returns `(FusedTrainState, stats, metrics)`: the final learner and sampler states;
         `update_fn`'s statistics per iteration (each `(num_iterations,)`); the
         `SampleMetrics` per iteration (leading axis `num_iterations`, reduce them with
-        `jaxrunner.metrics.reduce_sample_metrics`)."""
+        `sampler.reduce_metrics`).
+
+        `train.run(state)` is the same loop from a given `FusedTrainState` (e.g.
+        `fused_state(runner)`, to continue a runner-driven `train(runner, ...)` in the
+        fused loop); `train.init(key)` and `train.iteration(state, _)` are its parts."""
         if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or (
                 num_iterations < 1):
             raise ValueError(f"num_iterations must be an int >= 1, got {num_iterations!r}.")
@@ -344,13 +348,24 @@ class PPOLearner:
             learner, stats = self.update_fn(state.learner, traj)
             return FusedTrainState(learner=learner, sampler=sampler_state), (stats, metrics)
 
-        def train(key: jax.Array) -> tuple:
-            state, (stats, metrics) = jax.lax.scan(iteration, init(key), None,
+        def run(state: FusedTrainState) -> tuple:
+            state, (stats, metrics) = jax.lax.scan(iteration, state, None,
                                                    length=num_iterations)
             return state, stats, metrics
 
-        train.init, train.iteration = init, iteration
+        def train(key: jax.Array) -> tuple:
+            return run(init(key))
+
+        train.init, train.iteration, train.run = init, iteration, run
         return train
+
+    def fused_state(self, runner: Any) -> FusedTrainState:
+        """The state of the runner-driven loop as a fused loop's `FusedTrainState`: this
+        learner's current `state` and `runner`'s episodes, counters and metrics (through
+        `runner.sampler.from_runner_state`). `make_train(runner.sampler, n).run(state)`
+        then does what `train(runner, num_iterations=n)` does from here."""
+        return FusedTrainState(learner=self.state, sampler=runner.sampler.from_runner_state(
+            runner.get_state(components="all")))
 
     def fused_train(self, sampler: Any, num_iterations: int, *,
                     seeds: int | list[int] = 1) -> dict[str, Any]:

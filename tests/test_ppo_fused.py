@@ -1,0 +1,87 @@
+"""The reference PPO's fused loop (`PPOLearner.make_train`) computes what its runner-driven
+loop (`PPOLearner.train(runner, ...)`) computes, for the same seed, config and start.
+
+What is exact and what is not, and why. The runner's `sample()` and the fused loop's
+`sampler.sample()` are the same compiled chunk: their trajectories are bit for bit equal
+(tests/test_sampler.py), and `update_fn` jitted alone gives bit for bit the same update on
+either. The fused loop, though, is one XLA program: the chunk and the update are compiled inside
+it (a `lax.scan` over iterations), and XLA chooses buffer layouts and fusions per
+program, so float reductions, dot products and the env's float physics may round
+differently from the runner's chunk and the update compiled alone (an
+`optimization_barrier` between sampling and update does not change that: it stops fusion,
+not layout choices). They are not the same program, so bit-for-bit equality is not a
+property of the design. Hence:
+
+* exact: every iteration's episodes (lifetime steps, `episode_return_mean`) and, after
+  the last iteration, every discrete part of the sampler carry (RNG keys, episode ids
+  and lengths, step and episode counters, the metric ring's lengths, returns and
+  counts, the lookback's actions) and the learner's shuffling key;
+* to float32 rounding: observations and env states, the update's statistics per
+  iteration and the trained params.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner
+from jaxrunner.learners import PPOConfig, PPOLearner
+
+from conftest import host_tree, make_config
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+ITERATIONS = 3
+
+
+def test_fused_train__equals_the_runner_driven_train():
+    config = make_config(num_envs=4, fragment=16, hiddens=(8,), seed=2)
+    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    learner = PPOLearner.from_runner(runner, PPOConfig(num_epochs=2, num_minibatches=2,
+                                                       seed=2))
+    start = learner.fused_state(runner)  # before any iteration: the same start for both
+    rows = learner.train(runner, num_iterations=ITERATIONS, verbose=False)
+    driven_params = jax.device_get(learner.params)
+    driven_carry = runner.get_state(components="env_runner_carry")["env_runner_carry"]
+
+    sampler = runner.sampler
+    train = learner.make_train(sampler, ITERATIONS)
+    final, stats, metrics = jax.jit(train.run)(start)
+    reduced = sampler.reduce_metrics(metrics)
+    stats = jax.device_get(stats)
+
+    # Exact: the episodes of every iteration ...
+    np.testing.assert_array_equal(reduced["num_env_steps_sampled_lifetime"],
+                                  [row["env_steps"] for row in rows])
+    np.testing.assert_array_equal(
+        reduced["episode_return_mean"],
+        [np.nan if row["episode_return_mean"] is None else row["episode_return_mean"]
+         for row in rows])
+    assert np.isfinite(reduced["episode_return_mean"][-1])
+    # ... and the sampler's whole carry after the last one.
+    fused_carry = sampler.to_runner_state(final.sampler)["env_runner_carry"]
+    def same(fused, driven):
+        if np.issubdtype(np.asarray(fused).dtype, np.floating):
+            np.testing.assert_allclose(fused, driven, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(fused, driven)
+
+    for name in ("carry", "lookback"):
+        jax.tree.map(same, host_tree(fused_carry[name]), host_tree(driven_carry[name]))
+    ring = fused_carry["carry"].metrics
+    assert int(ring.episodes) >= 4  # episodes ended, so the ring was compared too
+    np.testing.assert_array_equal(ring.window_len, driven_carry["carry"].metrics.window_len)
+    np.testing.assert_array_equal(ring.window_return,
+                                  driven_carry["carry"].metrics.window_return)
+    np.testing.assert_array_equal(jax.random.key_data(final.learner.key),
+                                  jax.random.key_data(learner.state.key))
+    # To float32 rounding: the updates.
+    for i, row in enumerate(rows):
+        for name, values in stats.items():
+            np.testing.assert_allclose(values[i], row[name], rtol=1e-4, atol=1e-6,
+                                       err_msg=f"iteration {i}: {name}")
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 jax.device_get(final.learner.params), driven_params)
+    runner.stop()
