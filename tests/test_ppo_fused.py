@@ -60,8 +60,9 @@ def test_fused_train__equals_the_runner_driven_train():
         [np.nan if row["episode_return_mean"] is None else row["episode_return_mean"]
          for row in rows])
     assert np.isfinite(reduced["episode_return_mean"][-1])
-    # ... and the sampler's whole carry after the last one.
+    # ... and the sampler's whole carry after the last one (its discrete parts exactly).
     fused_carry = sampler.to_runner_state(final.sampler)["env_runner_carry"]
+
     def same(fused, driven):
         if np.issubdtype(np.asarray(fused).dtype, np.floating):
             np.testing.assert_allclose(fused, driven, rtol=1e-5, atol=1e-6)

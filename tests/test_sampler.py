@@ -157,7 +157,20 @@ def test_bad_input__raises_clear_errors(runner):
         local.sampler
 
 
+def _ma_start(view):
+    return {"steps": jnp.zeros((), jnp.int32)}
+
+
+def _ma_step(state, view):
+    return {"steps": state["steps"] + view.acting["player_x"].astype(jnp.int32)}
+
+
+def _ma_end(state, view):
+    return {"x_moves": state["steps"], "x_reward": view.reward["player_x"]}
+
+
 def test_multi_agent_fused_calls__equal_runner_calls():
+    """With device callbacks: their custom keys come out of the fused calls too."""
     config = (jaxrunner.RunnerConfig().environment("TicTacToe-v0")
               .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=6,
                            max_chunk_length=6)
@@ -165,7 +178,10 @@ def test_multi_agent_fused_calls__equal_runner_calls():
               .multi_agent(policies={"main", "opponent"},
                            policy_mapping_fn=lambda agent, episode: (
                                "main" if agent == "player_x" else "opponent"))
-              .debugging(seed=3))
+              .debugging(seed=3)
+              .callbacks(on_episode_start=_ma_start, on_episode_step=_ma_step,
+                         on_episode_end=_ma_end,
+                         custom_metrics={"x_moves": "max", "x_reward": "sum"}))
     runner = jaxrunner.MultiAgentEnvRunner(config=config)
     start = runner.get_state(components="all")
     for _ in range(3):
@@ -177,9 +193,11 @@ def test_multi_agent_fused_calls__equal_runner_calls():
     state = sampler.from_runner_state(start)
     for _ in range(3):
         state, traj, metrics = sampler.sample_jit(state, sampler.params)
-    reduced = reduce_sample_metrics(metrics, agent_ids=sampler.agent_ids,
-                                    module_ids=sampler.module_ids)
+    reduced = sampler.reduce_metrics(metrics)
     assert reduced["num_env_steps_sampled_lifetime"] == 36
+    assert "x_moves" in expected  # an episode ended
+    for name in ("x_moves", "x_reward"):
+        assert reduced[name] == expected[name], name
     assert reduced["num_agent_steps_sampled_lifetime"] == expected[
         "num_agent_steps_sampled_lifetime"]
     runner.set_state(sampler.to_runner_state(state))
