@@ -4,7 +4,12 @@
 Pinned: a fused loop of `sample()` calls equals the same number of `runner.sample()` calls
 (trajectories and `get_metrics()`, bit for bit for a seed) through the state round trip;
 nothing recompiles when only values change; `lax.scan` and `jax.vmap` over seeds, params
-and env params; the host reduction to RLlib's keys (per seed under vmap); clear errors."""
+and env params; the host reduction to RLlib's keys (per seed under vmap); clear errors.
+
+The runner has device callbacks (`config.callbacks(...)`): their custom keys come out of
+the fused calls as `runner.get_metrics()` reports them (every reduction: max and mean
+over windows, windowed sums, lifetime sums, since-last sums), per call and per seed and
+iteration, and the round trip carries their state, ring and sums."""
 
 from __future__ import annotations
 
@@ -30,29 +35,73 @@ def comparable(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k not in WALL_CLOCK}
 
 
+# Device callbacks: per episode the max |cart position| and the length.
+def cb_start(view):
+    return {"max_x": jnp.zeros((), jnp.float32), "steps": jnp.zeros((), jnp.int32)}
+
+
+def cb_step(state, view):
+    return {"max_x": jnp.maximum(state["max_x"], jnp.abs(view.obs[0])),
+            "steps": state["steps"] + 1}
+
+
+def cb_end(state, view):
+    return {"max_abs_x": state["max_x"], "max_x_mean3": state["max_x"],
+            "max_x_sum": state["max_x"], "len_sum": state["steps"],
+            "terminated": view.terminated, "len_last2": state["steps"]}
+
+
+CUSTOM = {"max_abs_x": "max",  # over the episode window (5)
+          "max_x_mean3": jaxrunner.MetricSpec("mean", window=3),
+          "max_x_sum": "sum",  # lifetime sum of non-integer values
+          "len_sum": "sum",  # lifetime sum of integers
+          "terminated": jaxrunner.MetricSpec("sum", clear_on_reduce=True),
+          "len_last2": {"reduce": "sum", "window": 2}}
+CUSTOM_NAMES = tuple(sorted(CUSTOM))
+INTEGER_VALUED = ("len_sum", "terminated", "len_last2")
+
+
+def custom(metrics: dict) -> dict:
+    return {k: metrics[k] for k in CUSTOM_NAMES if k in metrics}
+
+
 @pytest.fixture(scope="module")
 def runner():
-    config = make_config(num_envs=NUM_ENVS, fragment=T, hiddens=(8,),
-                         episode_lookback_horizon=2).reporting(
-        metrics_num_episodes_for_smoothing=5)
+    config = (make_config(num_envs=NUM_ENVS, fragment=T, hiddens=(8,),
+                          episode_lookback_horizon=2)
+              .reporting(metrics_num_episodes_for_smoothing=5)
+              .callbacks(on_episode_start=cb_start, on_episode_step=cb_step,
+                         on_episode_end=cb_end, custom_metrics=CUSTOM))
     return jaxrunner.SingleAgentEnvRunner(config=config)
 
 
 @pytest.fixture(scope="module")
 def runner_calls(runner):
-    """CALLS runner.sample() calls from the runner's fresh state, then get_metrics()."""
+    """CALLS runner.sample() calls from the runner's fresh state, then get_metrics(); and
+    the same calls with get_metrics() after each (per_call)."""
     start = runner.get_state(components="all")
     trajs = [jax.device_get(runner.sample(num_timesteps=NUM_ENVS * T).trajectory())
              for _ in range(CALLS)]
     metrics = runner.get_metrics()
     after = runner.get_state(components="all")
     runner.set_state(start)
-    return start, trajs, metrics, after
+    per_call = []
+    for _ in range(CALLS):
+        runner.sample(num_timesteps=NUM_ENVS * T)
+        per_call.append(runner.get_metrics())
+    runner.set_state(start)
+    return start, trajs, metrics, after, per_call
 
 
 def test_fused_calls__equal_runner_calls_bit_for_bit(runner, runner_calls):
-    start, trajs, runner_metrics, after = runner_calls
+    start, trajs, runner_metrics, after, per_call = runner_calls
     sampler = runner.sampler
+    assert tuple(sampler.custom_metrics) == CUSTOM_NAMES
+    assert sampler.custom_metrics["max_x_mean3"].window == 3
+    assert sampler.custom_metrics["max_abs_x"].window == 5  # the episode window
+    # The runner saw every kind of custom value: episodes ended, some terminated.
+    assert set(custom(runner_metrics)) == set(CUSTOM_NAMES)
+    assert runner_metrics["terminated"] >= 1
     assert (sampler.num_envs, sampler.num_steps) == (NUM_ENVS, T)
     state = sampler.from_runner_state(start)
     # A fresh runner's carry is the sampler's init from its default key.
@@ -60,19 +109,27 @@ def test_fused_calls__equal_runner_calls_bit_for_bit(runner, runner_calls):
     jax.tree.map(np.testing.assert_array_equal, host_tree(fresh), host_tree(state))
     params = runner.get_state()["rl_module"]
     fused = []
-    for _ in range(CALLS):
+    for expected in per_call:
         state, traj, metrics = sampler.sample_jit(state, params)
         fused.append(jax.device_get(traj))
+        # Each call's custom keys: what get_metrics() after each runner call reports.
+        assert custom(sampler.reduce_metrics(metrics)) == custom(expected)
     for ours, theirs in zip(fused, trajs):
         jax.tree.map(np.testing.assert_array_equal, ours, theirs)
+    with pytest.raises(ValueError, match="custom_metrics=sampler.custom_metrics"):
+        reduce_sample_metrics(metrics)
     # The fused metrics reduce to what the runner reports.
-    reduced = reduce_sample_metrics(metrics)
+    reduced = sampler.reduce_metrics(metrics)
     assert reduced["num_env_steps_sampled"] == NUM_ENVS * T  # one call's worth
     assert reduced["num_env_steps_sampled_lifetime"] == CALLS * NUM_ENVS * T
     for key in ("episode_return_mean", "episode_len_max", "num_episodes_lifetime",
                 "num_env_steps_discarded_lifetime"):
         assert reduced[key] == runner_metrics[key], key
-    # The state loads into the runner: same metrics as the runner's own calls, same carry.
+    for name in CUSTOM_NAMES:  # since-last sums: the call's (one report per fused call)
+        if name != "terminated":
+            assert reduced[name] == runner_metrics[name], name
+    # The state loads into the runner: same metrics as the runner's own calls (the custom
+    # keys included: the since-last sum covers the CALLS calls), same carry.
     runner.set_state(sampler.to_runner_state(state))
     assert comparable(runner.get_metrics()) == comparable(runner_metrics)
     got = runner.get_state(components="env_runner_carry")["env_runner_carry"]
@@ -80,12 +137,14 @@ def test_fused_calls__equal_runner_calls_bit_for_bit(runner, runner_calls):
                  (after["env_runner_carry"]["carry"], after["env_runner_carry"]["lookback"]))
     # ... and comes back out: the next fused call equals the runner's next sample().
     back = sampler.from_runner_state(runner.get_state(components="all"))
-    _, traj, _ = sampler.sample_jit(back, params, num_steps=5)
+    _, traj, metrics = sampler.sample_jit(back, params, num_steps=5)
     expected = jax.device_get(runner.sample(num_timesteps=NUM_ENVS * 5).trajectory())
+    assert custom(sampler.reduce_metrics(metrics)) == custom(runner.get_metrics())
     traj = jax.device_get(traj)
     assert int(traj.valid.sum()) == 5
     np.testing.assert_array_equal(traj.actions[:5], expected.actions[:5])
     np.testing.assert_array_equal(traj.rewards[:5], expected.rewards[:5])
+    runner.set_state(start)
 
 
 def test_sample__compiles_once_for_any_values(runner, compile_counter):
@@ -101,7 +160,8 @@ def test_sample__compiles_once_for_any_values(runner, compile_counter):
     assert compile_counter.count == 0, compile_counter.messages
 
 
-def test_scan_and_vmap__over_seeds_params_and_env_params(runner):
+def test_scan_and_vmap__over_seeds_params_and_env_params(runner, runner_calls):
+    start, per_call = runner_calls[0], runner_calls[-1]
     sampler = runner.sampler
     seeds = 2
     params = jax.tree.map(lambda x: jnp.stack([x, x * 0.5]), sampler.params)
@@ -122,7 +182,7 @@ def test_scan_and_vmap__over_seeds_params_and_env_params(runner):
     assert truncated.shape == (seeds, 2, T, NUM_ENVS)
     truncated = np.asarray(truncated)
     assert truncated[1].any() and not truncated[0].any()  # env params per seed
-    reduced = reduce_sample_metrics(metrics)  # per seed and iteration
+    reduced = sampler.reduce_metrics(metrics)  # per seed and iteration
     assert reduced["num_env_steps_sampled"].shape == (seeds, 2)
     np.testing.assert_array_equal(reduced["num_env_steps_sampled_lifetime"],
                                   [[T * NUM_ENVS, 2 * T * NUM_ENVS]] * seeds)
@@ -130,11 +190,69 @@ def test_scan_and_vmap__over_seeds_params_and_env_params(runner):
     assert reduced["episode_len_max"][1, -1] == 6
     # The last iteration's keys per seed equal one state's reduction.
     one = jax.tree.map(lambda x: x[1, -1], metrics)
-    assert reduce_sample_metrics(one)["episode_len_mean"] == reduced["episode_len_mean"][1, -1]
+    assert sampler.reduce_metrics(one)["episode_len_mean"] == reduced["episode_len_mean"][1, -1]
     with pytest.raises(ValueError, match="one state"):
         sampler.to_runner_state(state)
     assert sampler.to_runner_state(jax.tree.map(lambda x: x[0], state))[
         "num_env_steps_sampled_lifetime"] == 2 * T * NUM_ENVS
+    # Custom keys per seed and iteration: seed 0 is the runner's own start and params.
+    custom_stack = sampler.reduce_metrics(metrics)
+    for name in CUSTOM_NAMES:
+        assert custom_stack[name].shape == (seeds, 2), name
+        expected = np.asarray([m.get(name, np.nan) for m in per_call[:2]])
+        if name in INTEGER_VALUED:  # episode boundaries and lengths: exact
+            np.testing.assert_array_equal(custom_stack[name][0], expected, err_msg=name)
+        else:
+            # XLA compiles the vmapped scan as another program than the runner's chunk:
+            # CartPole's float32 physics may round differently (1 ulp) in it, so the cart
+            # positions these metrics read agree to float32 precision. The reduction is
+            # exact (the single-call test and `one` below).
+            np.testing.assert_allclose(custom_stack[name][0], expected, rtol=1e-6,
+                                       err_msg=name)
+    one = sampler.reduce_metrics(jax.tree.map(lambda x: x[1, -1], metrics))
+    assert custom(one) == {k: float(custom_stack[k][1, -1]) for k in CUSTOM_NAMES
+                           if not np.isnan(custom_stack[k][1, -1])}
+    assert custom_stack["len_sum"][1, -1] > 0
+    # Seed 1's state, handed to the runner, reports that seed's lifetime sums.
+    runner.set_state(sampler.to_runner_state(jax.tree.map(lambda x: x[1], state)))
+    got = runner.get_metrics()
+    assert got["len_sum"] == custom_stack["len_sum"][1, -1]
+    assert got["max_x_sum"] == custom_stack["max_x_sum"][1, -1]
+    assert got["terminated"] == np.nansum(custom_stack["terminated"][1])
+    runner.set_state(start)
+
+
+def test_custom_lifetime_sums__keep_float64_precision_on_the_device():
+    """The device pair `(hi, lo)` keeps sums a float32 accumulator rounds away: exact
+    while the sum fits in 48 bits (as float64 is), else within 2**-48 per addition."""
+    from jaxrunner.sampler import _add_exact
+
+    def total(values):
+        def body(pair, x):
+            return _add_exact(*pair, x), None
+
+        zero = jnp.zeros((1,), jnp.float32)
+        (hi, lo), _ = jax.lax.scan(body, (zero, zero), values[:, None])
+        return hi, lo
+
+    total = jax.jit(total)
+
+    def host_sum(values):  # the runner's float64 host sum of float32 chunk sums
+        out = 0.0
+        for v in values:
+            out += float(v)
+        return out
+
+    # Multiples of 1/8 summing to ~2**33: 36 bits, exact both ways; float32 is not.
+    exact = np.float32([2.0**24, 1.0, 0.125, 0.375, 2.0**20 + 0.5, 7.25, 3.0]).repeat(60)
+    hi, lo = total(jnp.asarray(exact))
+    assert float(hi[0]) + float(lo[0]) == host_sum(exact)
+    assert float(np.cumsum(exact, dtype=np.float32)[-1]) != host_sum(exact)
+    # Arbitrary floats: off by far less than float32's 2**-24.
+    values = np.random.default_rng(0).uniform(0, 2.0**20, 400).astype(np.float32)
+    hi, lo = total(jnp.asarray(values))
+    error = abs(float(hi[0]) + float(lo[0]) - host_sum(values))
+    assert error <= len(values) * 2.0**-48 * host_sum(values)
 
 
 def test_bad_input__raises_clear_errors(runner):
