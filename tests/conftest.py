@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 
-import jax
-import numpy as np
-import pytest
+# The whole test run (this process, pytest-xdist's workers, and what they start: Ray
+# actors and CLI subprocesses inherit the environment) compiles without LLVM's expensive
+# passes: compile time dominates most tests on a 2-core CPU, and the programs then run
+# slower, which no test notices (none times anything). Notebook kernels are started
+# without it (tests/notebook_helpers.py): they train, so their run time dominates. Set
+# before JAX is imported; a value the caller set wins.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
-import jaxrunner
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import jaxrunner  # noqa: E402
 
 
 def make_config(env="CartPole-v1", *, num_envs: int = 2, fragment: int = 8,
@@ -34,9 +43,10 @@ def fast_compiles():
 
     The contract tests build many small runners, and XLA:CPU compile time dominates their
     run time on a 2-core machine; without LLVM's expensive passes compiles take about
-    half as long (the programs then run slower, which these tests do not notice). Read
-    per compilation, so other test modules keep the default. Use it with
-    `pytestmark = pytest.mark.usefixtures("fast_compiles")`.
+    half as long (the programs then run slower, which these tests do not notice). The
+    whole run has it on already (top of this file); the fixture keeps it on for these
+    modules when a caller runs the suite with `JAX_DISABLE_MOST_OPTIMIZATIONS=0`. Use it
+    with `pytestmark = pytest.mark.usefixtures("fast_compiles")`.
     """
     previous = bool(jax.config.values.get("jax_disable_most_optimizations", False))
     jax.config.update("jax_disable_most_optimizations", True)
