@@ -34,8 +34,8 @@ from jaxrunner.episodes.single_agent_episode import SingleAgentEpisode as Single
 from jaxrunner.errors import SampleArgumentError as SampleArgumentError
 from jaxrunner.errors import StateStructureError as StateStructureError
 from jaxrunner.errors import StepFailedRecreateEnvError as StepFailedRecreateEnvError
-from jaxrunner.metrics.custom import MetricsLogger as MetricsLogger
 from jaxrunner.fork_warning import ignore_subprocess_fork_warning as _ignore_fork_warning
+from jaxrunner.metrics.custom import MetricsLogger as MetricsLogger
 from jaxrunner.modules.multi_rl_module import MultiRLModule as MultiRLModule
 from jaxrunner.modules.recurrent import GRUModule as GRUModule
 from jaxrunner.modules.rl_module import DefaultMLPModule as DefaultMLPModule
