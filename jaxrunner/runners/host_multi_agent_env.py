@@ -24,9 +24,10 @@ No numpy twin of the device code: every vector step runs the multi-agent layout'
 `act` (one jitted call; actions and the acting mask come back in one transfer) and its
 own `after_step` (pending agent steps, reward accumulation, completion, module state) on
 the host step's outcome, writing the step's record into the chunk's `(T, ...)` buffers in
-place (donated); a chunk ends with the layout's `decode`, the ring's `write_ring`,
-`after_ring`, `roll_lookback` and `info_extras`, jitted once per chunk shape. The
-layout's env state of a host sub-env is the mask of agents that got an observation.
+place (donated); a chunk ends with the compiled chunk's own `core.chunk.finish_chunk`
+(the layout's `decode`, `write_ring`, `after_ring`, `roll_lookback`, `info_extras`),
+jitted once per chunk shape. The layout's env state of a host sub-env is the mask of
+agents that got an observation.
 
 RLlib's multi-agent rules on the host side of each step:
 
@@ -59,10 +60,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrunner.core.carry import ChunkInfo, MetricRegisters
-from jaxrunner.core.chunk import StepOutcome
+from jaxrunner.core.carry import MetricRegisters
+from jaxrunner.core.chunk import StepOutcome, finish_chunk
 from jaxrunner.core.multi_agent_rollout import MultiAgentCarry, MultiAgentLayout
-from jaxrunner.core.ring import write_ring
 from jaxrunner.envs.host_multi_agent import ALL, HostMultiAgentEnv, HostMultiAgentSource
 from jaxrunner.envs.spaces import action_dtype, to_gymnax
 from jaxrunner.errors import StepFailedRecreateEnvError
@@ -232,7 +232,7 @@ class HostMultiAgentEngine:
         if explore is not None:
             return {**explore, "act": _jit(act), "raw_act": act, "record_shape": None}
         spec = layout.spec
-        num_envs, chunk_len = spec.num_envs, spec.chunk_len
+        num_envs = spec.num_envs
         restart = spec.restart_failed_sub_environments
 
         def init(key, params, obs, present):
@@ -287,31 +287,9 @@ class HostMultiAgentEngine:
 
         def finish(carry, start, lookback, records, steps_taken, episodes_limit,
                    call_step_offset, agent_steps_done):
-            # The compiled chunk's tail (`jaxrunner.core.chunk`), on the host-stepped rows.
-            traj = layout.decode(records.replace(
-                valid=jnp.arange(chunk_len, dtype=jnp.int32) < steps_taken), start)
-            steps_in_call = call_step_offset + 1 + jnp.arange(chunk_len, dtype=jnp.int32)
-            update = write_ring(carry.metrics, layout.ring_input(traj), start.vector_step,
-                                episodes_limit, start_episode_len=start.episode_len,
-                                end_episode_len=carry.episode_len,
-                                steps_in_call=steps_in_call)
-            carry = layout.after_ring(carry.replace(metrics=update.registers), traj, start,
-                                      update)
-            lookback = layout.roll_lookback(lookback, traj, steps_taken)
-            failed = traj.failed & traj.valid[:, None]
-            any_failed = jnp.any(failed)
-            first = jnp.argmax(failed.reshape(-1))
-            info = ChunkInfo(
-                num_steps=steps_taken, num_episodes=update.num_counted,
-                episode_env_steps=update.counted_len,
-                start_episode_count=start.episode_count, start_episode_len=start.episode_len,
-                num_failures=jnp.sum(failed.astype(jnp.int32)),
-                discarded_env_steps=update.discarded.astype(jnp.int32),
-                first_failure_step=jnp.where(any_failed, first // num_envs, -1),
-                first_failure_env=jnp.where(any_failed, first % num_envs, -1),
-                max_consecutive_failures=jnp.max(carry.consecutive_failures),
-                **layout.info_extras(start, carry, traj, agent_steps_done))
-            return carry, lookback, traj, info
+            # The compiled chunk's own tail, on the host-stepped rows.
+            return finish_chunk(layout, carry, start, lookback, records, steps_taken,
+                                episodes_limit, call_step_offset, agent_steps_done)
 
         return {
             "layout": layout, "init": _jit(init), "reset": _jit(reset), "act": _jit(act),
