@@ -69,9 +69,11 @@ class SuiteAdapter(Environment):
         env: the suite's env object (kept as `self.inner`).
         env_id: the id it was made from, for `name` (defaults to its class name).
 
-    Subclasses set `suite` (the prefix, e.g. "jumanji") and write `reset_env`, `step_env`,
-    `observation_space` and `action_space`; those whose env has a legal-action mask set
-    `self.action_mask` to a function `(state, params) -> bool[n]` in `__init__`.
+    Subclasses set `suite` (the prefix, e.g. "jumanji") and write `reset_env` and
+    `step_env`. Their spaces: those fixed when the env is built are set with
+    `set_spaces(observation, action)` in `__init__`; those that depend on the env params
+    override `observation_space` and `action_space`. Those whose env has a legal-action mask
+    set `self.action_mask` to a function `(state, params) -> bool[n]` in `__init__`.
     """
 
     suite: str = ""
@@ -80,6 +82,24 @@ class SuiteAdapter(Environment):
         super().__init__()
         self.inner = env
         self.env_id = env_id if env_id is not None else type(env).__name__
+        self._spaces: tuple[Any, Any] | None = None
+
+    def set_spaces(self, observation: Any, action: Any) -> None:
+        """Sets the gymnax spaces `observation_space` / `action_space` return."""
+        self._spaces = (observation, action)
+
+    def _space(self, index: int) -> Any:
+        if self._spaces is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} neither called set_spaces() in __init__ nor "
+                "overrides observation_space/action_space.")
+        return self._spaces[index]
+
+    def observation_space(self, params: Any = None) -> Any:
+        return self._space(0)
+
+    def action_space(self, params: Any = None) -> Any:
+        return self._space(1)
 
     @property
     def name(self) -> str:

@@ -79,14 +79,8 @@ class BraxEnv(SuiteAdapter):
             raise ValueError(f"episode_length must be >= 1, got {episode_length}.")
         super().__init__(env, env_id)
         self.episode_length = int(episode_length)
-        self._obs_space = observation_space_of(env.observation_size)
-        self._act_space = _box(env.action_size, -1.0, 1.0)
-
-    def observation_space(self, params: Any = None):
-        return self._obs_space
-
-    def action_space(self, params: Any = None):
-        return self._act_space
+        self.set_spaces(observation_space_of(env.observation_size),
+                        _box(env.action_size, -1.0, 1.0))
 
     def reset_env(self, key: jax.Array, params: Any):
         del params

@@ -73,19 +73,13 @@ class JumanjiEnv(SuiteAdapter):
                 "final observation; the adapter resets itself, with a fresh key per episode."
             )
         super().__init__(env, env_id)
-        self._obs_space = _spec_to_gymnax(env.observation_spec, f"{self.name} observation_spec")
-        self._act_space = _spec_to_gymnax(env.action_spec, f"{self.name} action_spec")
-        mask_space = (self._obs_space.spaces.get("action_mask")
-                      if hasattr(self._obs_space, "spaces") else None)
-        n = getattr(self._act_space, "n", None)
+        obs_space = _spec_to_gymnax(env.observation_spec, f"{self.name} observation_spec")
+        act_space = _spec_to_gymnax(env.action_spec, f"{self.name} action_spec")
+        self.set_spaces(obs_space, act_space)
+        mask_space = obs_space.spaces.get("action_mask") if hasattr(obs_space, "spaces") else None
+        n = getattr(act_space, "n", None)
         if mask_space is not None and n is not None and tuple(mask_space.shape) == (int(n),):
             self.action_mask = self._action_mask
-
-    def observation_space(self, params: Any = None):
-        return self._obs_space
-
-    def action_space(self, params: Any = None):
-        return self._act_space
 
     def _action_mask(self, state: SuiteState, params: Any = None) -> jax.Array:
         """`(n,)` bool: the legal actions in `state` (the observation's `action_mask`)."""

@@ -41,14 +41,9 @@ class NavixEnv(SuiteAdapter):
 
     def __init__(self, env: Any, env_id: str | None = None):
         super().__init__(env, env_id)
-        self._obs_space = to_gymnax(env.observation_space, what=f"{self.name} observation_space")
-        self._act_space = to_gymnax(env.action_space, what=f"{self.name} action_space")
-
-    def observation_space(self, params: Any = None):
-        return self._obs_space
-
-    def action_space(self, params: Any = None):
-        return self._act_space
+        self.set_spaces(
+            to_gymnax(env.observation_space, what=f"{self.name} observation_space"),
+            to_gymnax(env.action_space, what=f"{self.name} action_space"))
 
     def reset_env(self, key: jax.Array, params: Any):
         del params

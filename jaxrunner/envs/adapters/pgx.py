@@ -69,15 +69,8 @@ class PgxEnv(SuiteAdapter):
                 "one-player game (2048, minatar-*) with SingleAgentEnvRunner."
             )
         super().__init__(env, env_id or _env_id(env))
-        self._obs_space = _observation_box(env)
-        self._act_space = gx.Discrete(int(env.num_actions))
+        self.set_spaces(_observation_box(env), gx.Discrete(int(env.num_actions)))
         self.action_mask = self._action_mask
-
-    def observation_space(self, params: Any = None):
-        return self._obs_space
-
-    def action_space(self, params: Any = None):
-        return self._act_space
 
     def _action_mask(self, state: SuiteState, params: Any = None) -> jax.Array:
         """`(num_actions,)` bool: pgx's `legal_action_mask` of `state`."""
