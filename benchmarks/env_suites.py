@@ -273,7 +273,7 @@ def _source_revision() -> dict[str, Any]:
 
     try:
         changed = git("status", "--porcelain", "--untracked-files=no", "--", "jaxrunner",
-                      "benchmarks")
+                      "benchmarks", ":(exclude)benchmarks/results")
         return {"commit": git("rev-parse", "HEAD"), "uncommitted_changes": bool(changed)}
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "uncommitted_changes": None}
