@@ -9,7 +9,7 @@ and AEC), sub-env faults, state and runner selection.
 
 from __future__ import annotations
 
-import copy
+import contextlib
 
 import gymnasium as gym
 import numpy as np
@@ -28,6 +28,16 @@ jaxrunner.register_env("HostTestRelayJax-v0", relay_creator)
 
 # Steps after which a MultiCartPole copy raises, keyed by vector_index (set by tests).
 FAULTS: dict = {}
+
+
+@contextlib.contextmanager
+def injected_faults(faults: dict):
+    """`FAULTS` set to `faults` for the block, cleared after it (also when it raises)."""
+    FAULTS.update(faults)
+    try:
+        yield
+    finally:
+        FAULTS.clear()
 
 
 class MultiCartPole(MultiAgentEnv):
@@ -404,12 +414,9 @@ def test_agents_join_and_leave_mid_episode(join_leave):
 
 def test_failing_step_without_restart_raises_and_the_runner_recovers(join_leave):
     join_leave.sample(num_timesteps=2)
-    FAULTS["join_leave"] = True
-    try:
-        with pytest.raises(RuntimeError, match="restart_failed_sub_environments") as info:
-            join_leave.sample(num_timesteps=4)
-    finally:
-        FAULTS.clear()
+    with injected_faults({"join_leave": True}), pytest.raises(
+            RuntimeError, match="restart_failed_sub_environments") as info:
+        join_leave.sample(num_timesteps=4)
     assert "simulated crash" in str(info.value.__cause__)
     assert join_leave.get_metrics()["num_env_step_failures"] == 1
     batch = join_leave.sample(num_timesteps=4)  # a fresh env, fresh episodes
@@ -419,12 +426,9 @@ def test_failing_step_without_restart_raises_and_the_runner_recovers(join_leave)
 def test_failing_reset_without_restart_raises_and_the_runner_recovers(join_leave):
     join_leave.sample(num_timesteps=2)
     failures = join_leave.get_metrics()["num_env_step_failures"]
-    FAULTS["join_leave_reset"] = True
-    try:
-        with pytest.raises(RuntimeError, match="Resetting sub-env 0") as info:
-            join_leave.sample(num_timesteps=2, force_reset=True)
-    finally:
-        FAULTS.clear()
+    with injected_faults({"join_leave_reset": True}), pytest.raises(
+            RuntimeError, match="Resetting sub-env 0") as info:
+        join_leave.sample(num_timesteps=2, force_reset=True)
     assert "restart_failed_sub_environments" in str(info.value)
     assert "simulated reset crash" in str(info.value.__cause__)
     assert join_leave.get_metrics()["num_env_step_failures"] == failures + 1
@@ -436,12 +440,10 @@ def test_failing_reset_without_restart_raises_and_the_runner_recovers(join_leave
 def test_failing_step_restarts_the_sub_env_and_discards_its_episode(cartpole):
     cartpole.sample(num_timesteps=4)
     cartpole.get_metrics()
-    FAULTS[1] = 3  # sub-env 1 raises at its 3rd step from now; it is rebuilt from the class
-    try:
+    # Sub-env 1 raises at its 3rd step from now; it is rebuilt from the class.
+    with injected_faults({1: 3}):
         batch = cartpole.sample(num_timesteps=24)
         assert 1 not in FAULTS
-    finally:
-        FAULTS.clear()
     metrics = cartpole.get_metrics()
     assert metrics["num_env_step_failures"] == 1
     assert metrics["num_env_steps_discarded"] > 0
@@ -453,21 +455,15 @@ def test_failing_step_restarts_the_sub_env_and_discards_its_episode(cartpole):
 def test_failing_reset_is_retried_on_a_rebuilt_sub_env(cartpole):
     cartpole.sample(num_timesteps=4)
     failures = cartpole.get_metrics()["num_env_step_failures"]
-    FAULTS[("reset", 1)] = "once"
-    try:
+    with injected_faults({("reset", 1): "once"}):
         batch = cartpole.sample(num_timesteps=8, force_reset=True)
         assert ("reset", 1) not in FAULTS
-    finally:
-        FAULTS.clear()
     assert cartpole.get_metrics()["num_env_step_failures"] == failures + 1
     assert batch.env_steps >= 8 and all(e.env_t_started == 0 for e in batch)
     # A reset that fails on every rebuilt env stops the call after the tolerance.
-    FAULTS[("reset", 1)] = "always"
-    try:
-        with pytest.raises(RuntimeError, match="101 times in a row") as info:
-            cartpole.sample(num_timesteps=8, force_reset=True)
-    finally:
-        FAULTS.clear()
+    with injected_faults({("reset", 1): "always"}), pytest.raises(
+            RuntimeError, match="101 times in a row") as info:
+        cartpole.sample(num_timesteps=8, force_reset=True)
     assert "num_consecutive_sub_env_failures_tolerance" in str(info.value)
     assert cartpole.get_metrics()["num_env_step_failures"] == failures + 1 + 101
     assert cartpole.sample(num_timesteps=8).env_steps >= 8  # rebuilt, and goes on
