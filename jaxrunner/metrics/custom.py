@@ -180,6 +180,17 @@ class MetricsLogger:
         self._since_last = dict(state["since_last"])
 
 
+def ring_window_values(registers: Any, windows: Sequence[int | None]) -> list[np.ndarray]:
+    """Column `k`'s last `windows[k]` values (all filled slots for None), oldest first, as
+    float64, of one device-callback ring on the host (`values` `(W, K)`, `size`, `next`)."""
+    size = int(registers.size)
+    slots = registers.values.shape[0]
+    order = (int(registers.next) - size + np.arange(size)) % slots
+    values = np.asarray(registers.values, np.float64)[order]
+    return [values[:, k] if window is None else values[max(0, size - window):, k]
+            for k, window in enumerate(windows)]
+
+
 class DeviceMetrics:
     """Host side of the device callbacks' metrics of one runner: the per-chunk sums still
     on the device, lifetime sums (float64) and the reduction of the device ring."""
@@ -216,12 +227,8 @@ class DeviceMetrics:
 
     def window_values(self, registers: Any) -> dict[str, np.ndarray]:
         """{name: the last `window` values, oldest first} from host registers."""
-        size = int(registers.size)
-        slots = registers.values.shape[0]
-        order = (int(registers.next) - size + np.arange(size)) % slots
-        values = np.asarray(registers.values, np.float64)[order]
-        return {n: values[max(0, size - self.windows[n]):, i]
-                for i, n in enumerate(self.names)}
+        columns = ring_window_values(registers, [self.windows[n] for n in self.names])
+        return dict(zip(self.names, columns))
 
     def reduce(self, registers: Any) -> dict[str, float]:
         window = self.window_values(registers)
@@ -250,4 +257,4 @@ class DeviceMetrics:
 
 
 __all__ = ["DeviceMetrics", "MetricsLogger", "RESERVED_NAMES", "check_name", "export",
-           "merge_exports", "reduce_values", "runner_window"]
+           "merge_exports", "reduce_values", "ring_window_values", "runner_window"]

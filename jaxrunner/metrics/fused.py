@@ -18,16 +18,14 @@ own sum: each fused call is one report, as `num_env_steps_sampled` is the call's
 
 from __future__ import annotations
 
-from typing import Any
-
-from typing import Mapping
+from typing import Any, Mapping
 
 import jax
 import numpy as np
 
 from jaxrunner.core.callbacks import MetricSpec
 from jaxrunner.metrics import keys
-from jaxrunner.metrics.custom import reduce_values
+from jaxrunner.metrics.custom import reduce_values, ring_window_values
 from jaxrunner.metrics.logger import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
 
 _MOD = 2**32
@@ -70,27 +68,22 @@ def _custom_keys(m: Any, specs: Mapping[str, MetricSpec], lead: tuple[int, ...]
     """`{name: float64 array of shape lead}` of the device callbacks' metrics (NaN where
     a mean / min / max had no episode yet), each entry reduced by `reduce_values` over the
     window's values oldest first, as the runner's `DeviceMetrics.reduce`."""
-    regs = m.custom_registers
-    values = np.asarray(regs.values, np.float64)  # (*lead, W, K)
-    size = np.asarray(regs.size, np.int64)
-    nxt = np.asarray(regs.next, np.int64)
+    regs = m.custom_registers  # leaves (*lead, ...): values (*lead, W, K)
     lifetime = (np.asarray(m.custom_lifetime_hi, np.float64)
                 + np.asarray(m.custom_lifetime_lo, np.float64))  # (*lead, K)
     call = np.asarray(m.custom_sums, np.float32).astype(np.float64)  # (*lead, K)
-    slots = values.shape[-2]
     names = list(specs)
-    if values.shape[-1] != len(names):
+    if np.shape(regs.values)[-1] != len(names):
         raise ValueError(
-            f"reduce_sample_metrics: the metrics hold {values.shape[-1]} device-callback "
-            f"metrics, custom_metrics names {len(names)} ({names}): pass the "
-            "custom_metrics of the sampler that produced them (sampler.custom_metrics).")
+            f"reduce_sample_metrics: the metrics hold {np.shape(regs.values)[-1]} "
+            f"device-callback metrics, custom_metrics names {len(names)} ({names}): pass "
+            "the custom_metrics of the sampler that produced them (sampler.custom_metrics).")
+    windows = [spec.window for spec in specs.values()]
     out = {name: np.full(lead, np.nan) for name in names}
     for index in np.ndindex(*lead):
-        n, head = int(size[index]), int(nxt[index])
-        ring = values[index][(head - n + np.arange(n)) % slots]  # oldest first, (n, K)
+        ring = ring_window_values(jax.tree.map(lambda x: np.asarray(x)[index], regs), windows)
         for k, (name, spec) in enumerate(specs.items()):
-            window = ring[max(0, n - spec.window):, k] if spec.window else ring[:, k]
-            value = reduce_values(spec, window, float(lifetime[index + (k,)]),
+            value = reduce_values(spec, ring[k], float(lifetime[index + (k,)]),
                                   float(call[index + (k,)]))
             if value is not None:
                 out[name][index] = value
