@@ -4,10 +4,13 @@ state (the largest |cart position| of each episode, reduced by max), in one proc
 Target: the callback costs <= 3 % (ratio with/without >= 0.97).
 
 Sides are timed in alternating rounds (`jaxrunner.benchmarking.compare`); the ratio is the
-median of per-round throughput ratios. The machine's load average is recorded: on a
-shared machine wall times are noisy.
+median of per-round throughput ratios. A third side, a second runner without callbacks
+built the same way (`control`), measures the noise floor: its ratio to the first is what
+the measurement reads for two identical programs. The machine's load average is recorded:
+on a shared machine wall times are noisy.
 
-    python benchmarks/callbacks.py [--num-envs 4096] [--steps 128] [--rounds 12]
+    python benchmarks/callbacks.py [--num-envs 4096] [--steps 128] [--rounds 20]
+                                   [--calls-per-round 4]
                                    [--output benchmarks/results/callbacks.json]
 """
 
@@ -35,6 +38,17 @@ def max_abs_x_callbacks() -> dict:
                 custom_metrics={"max_abs_x": "max"})
 
 
+def earlier_runs(path: str) -> list:
+    """The runs already in `path` (its `earlier_runs` and the run it holds, newest last),
+    kept beside the new one."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as file:
+        previous = json.load(file)
+    runs = previous.pop("earlier_runs", [])
+    return runs + [previous]
+
+
 def make_side(num_envs: int, steps: int, callbacks: dict | None):
     config = (RunnerConfig().environment("CartPole-v1")
               .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=steps)
@@ -58,18 +72,23 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-envs", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--calls-per-round", type=int, default=4)
     parser.add_argument("--output", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results", "callbacks.json"))
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
     plain, run_plain, plain_first = make_side(args.num_envs, args.steps, None)
     with_cb, run_cb, cb_first = make_side(args.num_envs, args.steps, max_abs_x_callbacks())
+    control, run_control, _ = make_side(args.num_envs, args.steps, None)
     steps = args.num_envs * args.steps
-    result = compare({"no_callbacks": run_plain, "one_scalar_callback": run_cb}, steps,
-                     rounds=args.rounds, calls_per_round=2, reference="no_callbacks")
+    result = compare({"no_callbacks": run_plain, "one_scalar_callback": run_cb,
+                      "control": run_control}, steps, rounds=args.rounds,
+                     calls_per_round=args.calls_per_round, reference="no_callbacks")
     metrics = with_cb.get_metrics()
     ratio = result["ratio_to_no_callbacks"]["one_scalar_callback"]
+    control_ratio = result["ratio_to_no_callbacks"]["control"]
+    load_after = os.getloadavg()
     out = {
         "benchmark": "device callback cost (issue 16)",
         "env": "CartPole-v1", "num_envs": args.num_envs, "vector_steps_per_call": args.steps,
@@ -78,21 +97,27 @@ def main(argv=None) -> int:
         "median_steps_per_s": result["median_steps_per_s"],
         "ratio_with_to_without": ratio,
         "cost_percent": 100.0 * (1.0 - ratio),
+        "control_ratio": control_ratio,
+        "control_note": "a second runner without callbacks against the first: the "
+                        "ratio two identical programs read in this run (noise floor)",
         "target": "cost <= 3 % (ratio >= 0.97)",
         "target_met": ratio >= 0.97,
         "first_sample_s": {"no_callbacks": plain_first, "one_scalar_callback": cb_first},
         "max_abs_x_metric": metrics.get("max_abs_x"),
         "seconds_per_call": result["_timings"],
-        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        "note": "shared 2-core machine: other processes ran during the measurement",
+        "loadavg_before": load_before, "loadavg_after": load_after,
+        "note": (f"2-core machine, load average {load_before[0]:.1f} before and "
+                 f"{load_after[0]:.1f} after (1-minute)"),
         "machine": machine_info(),
     }
-    plain.stop()
-    with_cb.stop()
+    for runner in (plain, with_cb, control):
+        runner.stop()
+    out["earlier_runs"] = earlier_runs(args.output)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as file:
         json.dump(out, file, indent=1)
     print(json.dumps({k: out[k] for k in ("ratio_with_to_without", "cost_percent",
+                                          "control_ratio",
                                           "target_met", "steps_per_s", "loadavg_after")},
                      indent=1))
     return 0
