@@ -14,7 +14,13 @@ shared across runners (RLlib's connector state: e.g. mean-std statistics). Per-e
 buffers (stacked frames, previous actions) travel with the runner's carry instead.
 
 `ctx` is a `ConnectorContext` with `is_first` `(B,)` bool (this observation starts an
-episode), `prev_action` `(B, *act_shape)` and `prev_reward` `(B,)` (zeros at episode start).
+episode), `prev_action` `(B, *act_shape)`, `prev_reward` `(B,)` (zeros at episode start)
+and `mask`: None (every row acts: the single-agent runner) or `(B,)` bool, the rows that
+act at this step (the multi-agent runner, which runs one pipeline per agent on that
+agent's `(B, ...)` observations, see `jaxrunner.connectors.multi_agent`). A stateful
+piece advances its state only on the rows of `mask` (statistics, frame stacks); what it
+outputs for the other rows is not used. With `mask=None` the pieces trace exactly the
+program they traced before masks existed.
 
 Spaces come from the pipeline, as in RLlib (`MeanStdFilter()` takes no space): before a
 pipeline runs, `ConnectorPipeline.recompute_observation_space(env_obs_space)` hands each
@@ -47,6 +53,9 @@ class ConnectorContext:
     is_first: jax.Array  # (B,) bool: the observation is the first of its episode
     prev_action: jax.Array  # (B, *act_shape): action before this observation (0 at start)
     prev_reward: jax.Array  # (B,) float32: reward that came with this observation (0 at start)
+    # None: every row acts (single-agent). (B,) bool: only these rows act at this step;
+    # stateful pieces update only them (multi-agent: the agent's turns).
+    mask: Any = None
 
 
 class ConnectorV2:
@@ -57,6 +66,9 @@ class ConnectorV2:
 
     input_observation_space: gym.spaces.Space | None = None
     action_space: gym.spaces.Space | None = None
+    # False for pieces that never read the context (its `is_first`, previous action and
+    # reward, `mask`): a multi-agent rollout whose pieces all say so tracks none of it.
+    reads_context: bool = True
 
     def bind_input_observation_space(self, space: gym.spaces.Space) -> None:
         """Called by the pipeline with the observation space this piece receives, before
@@ -174,6 +186,10 @@ class ConnectorPipeline(ConnectorV2):
                 out[name] = piece.merge_states(parts)
         return out
 
+    @property
+    def reads_context(self) -> bool:  # type: ignore[override]
+        return any(piece.reads_context for piece in self.pieces)
+
     def __len__(self) -> int:
         return len(self.pieces)
 
@@ -181,11 +197,13 @@ class ConnectorPipeline(ConnectorV2):
         return f"ConnectorPipeline({self._names()})"
 
 
-def call_factory(factory: Any, env: Any, spaces: dict) -> list[ConnectorV2]:
+def call_factory(factory: Any, env: Any, spaces: dict, *,
+                 bind_action_space: bool = True) -> list[ConnectorV2]:
     """Calls a user connector factory as RLlib does (`factory(env, spaces, device)`,
     also accepting `factory(env, spaces)`, `factory(env)` or `factory()`), and returns the
     pieces as a list, each bound to the env's action space (`spaces["__env_single__"]`;
-    see the module docstring for what `spaces` holds)."""
+    see the module docstring for what `spaces` holds) unless `bind_action_space` is
+    False (the multi-agent runner binds each agent's copy to that agent's space)."""
     try:
         params = [p for p in inspect.signature(factory).parameters.values()
                   if p.default is inspect.Parameter.empty
@@ -206,7 +224,7 @@ def call_factory(factory: Any, env: Any, spaces: dict) -> list[ConnectorV2]:
                 "them)."
             )
     single = spaces.get("__env_single__") if isinstance(spaces, dict) else None
-    if single is not None:
+    if single is not None and bind_action_space:
         for piece in pieces:
             piece.bind_action_space(single[1])
     return pieces

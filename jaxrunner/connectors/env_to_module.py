@@ -5,6 +5,12 @@ Every piece takes its spaces from the pipeline when built without them, as RLlib
 `MeanStdFilter()`, `FrameStacking(num_frames=4)`, `PrevActionsPrevRewards()`,
 `FlattenObservations()` (see `jaxrunner.connectors.base`). A space given explicitly is
 kept.
+
+In a multi-agent runner every agent gets its own copy of each piece, bound to that
+agent's spaces, with its own state, advanced only at the agent's turns (the context's
+`mask`); see `jaxrunner.connectors.multi_agent`. The pieces take RLlib's
+`multi_agent=True` too; it changes nothing here (a multi-agent runner always keeps one
+state per agent, a single-agent runner has one agent).
 """
 
 from __future__ import annotations
@@ -52,6 +58,11 @@ def _flat_size(space: gym.spaces.Space) -> int:
     return int(math.prod(space.shape))
 
 
+def _rows(mask: jax.Array, x: jax.Array) -> jax.Array:
+    """`mask` `(B,)` shaped to broadcast against `x` `(B, ...)`."""
+    return mask.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
 def _unbound(piece: str, what: str = "observation space") -> ValueError:
     return ValueError(
         f"{piece} has no {what}: it gets it from the runner's connector pipeline (put it in "
@@ -66,10 +77,15 @@ class FlattenObservations(ConnectorV2):
 
     Args:
         observation_space: the space it receives (default: from the pipeline).
+        multi_agent: RLlib's flag, accepted for ported configs (see the module docstring).
     """
 
-    def __init__(self, observation_space: gym.spaces.Space | None = None):
+    reads_context = False
+
+    def __init__(self, observation_space: gym.spaces.Space | None = None, *,
+                 multi_agent: bool = False):
         self.input_space = observation_space
+        self.multi_agent = bool(multi_agent)
 
     def bind_input_observation_space(self, space):
         super().bind_input_observation_space(space)
@@ -110,8 +126,10 @@ def _combine_np(a, b):
 class MeanStdFilter(ConnectorV2):
     """Normalises observations with running mean and std: `clip((x - mean) / (std + eps))`.
 
-    Statistics update with every observation the runner acts on (all `B` sub-envs), then
-    normalise it (RLlib's `MeanStdFilter` order). The state keeps a `base` (statistics
+    Statistics update with every observation the runner acts on (all `B` sub-envs, or the
+    rows of the context's `mask`: in a multi-agent runner the statistics of an agent
+    count only the observations of its own turns), then normalise it (RLlib's
+    `MeanStdFilter` order). The state keeps a `base` (statistics
     everybody agreed on at the last merge) and a `delta` (this runner's samples since), so
     `merge_states` of several runners gives exactly the statistics of the union of their
     samples: `base + delta_1 + ... + delta_k`.
@@ -121,10 +139,13 @@ class MeanStdFilter(ConnectorV2):
             space the pipeline hands it (`MeanStdFilter()`, as in RLlib).
         clip: the normalised value is clipped to `[-clip, clip]` (RLlib: 10).
         update: keep updating the statistics while sampling (False: freeze them).
+        multi_agent: RLlib's flag, accepted for ported configs: one filter per agent is
+            what a multi-agent runner always keeps (see the module docstring).
     """
 
     def __init__(self, observation_space: gym.spaces.Space | None = None, clip: float = 10.0,
-                 epsilon: float = 1e-8, update: bool = True):
+                 epsilon: float = 1e-8, update: bool = True, *, multi_agent: bool = False):
+        self.multi_agent = bool(multi_agent)
         self.shape: tuple[int, ...] | None = None
         if observation_space is not None:
             self._set_space(observation_space)
@@ -161,13 +182,20 @@ class MeanStdFilter(ConnectorV2):
 
     def __call__(self, state, obs, ctx):
         obs = jnp.asarray(obs, jnp.float32)
-        if self.update:
+        if self.update and ctx.mask is None:
             batch = obs.shape[0]
             mean_b = jnp.mean(obs, axis=0)
             m2_b = jnp.sum((obs - mean_b) ** 2, axis=0)
             state = {"base": state["base"],
                      "delta": _combine(state["delta"],
                                        (jnp.asarray(batch, jnp.float32), mean_b, m2_b))}
+        elif self.update:  # only the rows that act count (an empty mask changes nothing)
+            rows = _rows(ctx.mask, obs)
+            count = jnp.sum(ctx.mask.astype(jnp.float32))
+            mean_b = jnp.sum(jnp.where(rows, obs, 0.0), axis=0) / jnp.maximum(count, 1.0)
+            m2_b = jnp.sum(jnp.where(rows, (obs - mean_b) ** 2, 0.0), axis=0)
+            state = {"base": state["base"],
+                     "delta": _combine(state["delta"], (count, mean_b, m2_b))}
         n, mean, m2 = _combine(state["base"], state["delta"])
         std = jnp.sqrt(m2 / jnp.maximum(n, 1.0))
         normed = (obs - mean) / (std + self.epsilon)
@@ -216,7 +244,9 @@ class MeanStdFilter(ConnectorV2):
 class FrameStacking(ConnectorV2):
     """Stacks the last `num_frames` observations of each episode along the last axis.
 
-    At an episode start the older frames are zeros. The frames live in the carry, so a
+    At an episode start the older frames are zeros. Rows outside the context's `mask`
+    keep their stack (a multi-agent agent stacks only the observations of its own
+    turns). The frames live in the carry, so a
     stack is the same whether or not the episode was cut between `sample()` calls;
     `stack_episode()` recomputes the module inputs of a host episode chunk from its
     observations and lookback (needs `episode_lookback_horizon >= num_frames - 1`).
@@ -225,9 +255,12 @@ class FrameStacking(ConnectorV2):
         observation_space: a Box space with at least one axis; default: the space the
             pipeline hands it (`FrameStacking(num_frames=4)`).
         num_frames: frames per stack.
+        multi_agent: RLlib's flag, accepted for ported configs (see the module docstring).
     """
 
-    def __init__(self, observation_space: gym.spaces.Space | None = None, num_frames: int = 4):
+    def __init__(self, observation_space: gym.spaces.Space | None = None, num_frames: int = 4,
+                 *, multi_agent: bool = False):
+        self.multi_agent = bool(multi_agent)
         if isinstance(observation_space, (int, np.integer)) and not isinstance(
                 observation_space, bool):
             raise TypeError(
@@ -275,8 +308,10 @@ class FrameStacking(ConnectorV2):
         obs = jnp.asarray(obs, self.dtype)
         keep = (~ctx.is_first).reshape((-1,) + (1,) * (stacked.ndim - 1))
         older = stacked[..., self.frame_shape[-1]:] * keep.astype(stacked.dtype)
-        stacked = jnp.concatenate([older, obs], axis=-1)
-        return stacked, stacked
+        new = jnp.concatenate([older, obs], axis=-1)
+        if ctx.mask is None:
+            return new, new
+        return jnp.where(_rows(ctx.mask, new), new, stacked), new
 
     def stack_episode(self, episode) -> np.ndarray:
         """Module inputs `(len(episode) + 1, ...)` for each observation of a host chunk."""
@@ -310,10 +345,16 @@ class PrevActionsPrevRewards(ConnectorV2):
         observation_space: a 1-D Box space; default: from the pipeline.
         action_space: the env's action space; default: from the runner's connector factory
             call (`PrevActionsPrevRewards()`, as in RLlib).
+        multi_agent: RLlib's flag, accepted for ported configs (see the module docstring).
+
+    In a multi-agent runner, the previous action and reward are the agent's own: the
+    action of its last agent step and that step's reward (the rewards it received from
+    that action up to its next observation).
     """
 
     def __init__(self, observation_space: gym.spaces.Space | None = None,
-                 action_space: gym.spaces.Space | None = None):
+                 action_space: gym.spaces.Space | None = None, *, multi_agent: bool = False):
+        self.multi_agent = bool(multi_agent)
         self._obs_space_given = observation_space is not None
         if observation_space is not None:
             self._check_obs_space(observation_space)

@@ -13,6 +13,8 @@ class NormalizeAndClipActions(ConnectorV2):
     to the bounds and clipped (`normalize_actions`), or only clipped (`clip_actions`);
     the result is cast to the env's action dtype. The episode keeps the module's action."""
 
+    reads_context = False
+
     def __init__(self, action_space: gym.spaces.Space, *, normalize_actions: bool,
                  clip_actions: bool, env_dtype):
         self._transform = make_actions_for_env(action_space, normalize_actions=normalize_actions,

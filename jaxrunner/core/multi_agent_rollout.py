@@ -8,6 +8,12 @@ keyed by agent id; per-agent scalars are stacked on a last `A` axis.
 RLlib's multi-agent semantics, per sub-env and agent:
 
 * Only agents in `acting` (the env's `agents_to_act`, minus agents already done) act.
+* Each agent's env-to-module connector pipeline (`spec.env_to_module[agent]`) turns its
+  observations into its module's input, and its module-to-env pipeline turns the
+  module's actions into the env's; both run with the agent's acting mask as the
+  context's `mask` (stateful pieces advance only at the agent's turns), `is_first` = the
+  agent's first action of the episode, and the action and reward of the agent's last
+  agent step as `prev_action` / `prev_reward` (`jaxrunner.connectors.multi_agent`).
 * An *agent step* `(o_k, a_k, r_k, o_{k+1})` starts when the agent acts on `o_k` and is
   *completed* at the env step that gives the agent its next observation (it is in
   `agents_to_act` again) or ends it (its own terminated/truncated flag or `"__all__"`).
@@ -37,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxrunner.connectors.multi_agent import agent_contexts
 from jaxrunner.core.autoreset import EnvStepFns
 from jaxrunner.core.callbacks import StepView
 from jaxrunner.core.carry import MetricRegisters
@@ -80,6 +87,11 @@ class MultiAgentCarry:
     # Recurrent modules' state: {module_id: leaves (K * B, ...)}, the rows of the K agents
     # that can map to the module stacked agent-major (as the module's input batch).
     module_state: dict
+    # (env-to-module, module-to-env) states, each {aid: pipeline state}.
+    connector_state: Any
+    # (B, A) float32: reward of each agent's last completed agent step (the connectors'
+    # `prev_reward`), or None when no connector piece runs.
+    last_step_reward: Any
     callbacks: Any = None  # core.callbacks.CallbackCarry with device callbacks, else None
 
 
@@ -179,7 +191,11 @@ class MultiAgentRolloutSpec:
     chunk_len: int
     lookback_len: int
     metrics_window: int
-    actions_for_env: dict  # aid -> Callable[(B, *act) -> (B, *act)]
+    env_action_dtypes: dict  # aid -> dtype the env takes the agent's actions in
+    # connectors.multi_agent.MultiAgentConnectorPipeline: observations -> module inputs
+    env_to_module: Any
+    # ... : module actions -> env actions (default: NormalizeAndClipActions per agent)
+    module_to_env: Any
     check_finite: bool = True  # a non-finite observation or reward is a sub-env failure
     autoreset_mode: str = "gymnax"  # "gymnax" (env.step resets) or "partial"
     partial_reset_ratio: int = 16  # "partial": ceil(B / ratio) resets computed per step
@@ -235,6 +251,12 @@ class MultiAgentLayout:
         self.num_agents, self.num_modules = len(self.agents), len(self.module_ids)
         self.groups = spec.agents_of_module()
         self._vmapped_to_act = jax.vmap(spec.env.agents_to_act, in_axes=(0, None))
+        # Connector pieces that run (the env-to-module ones not with random actions).
+        self._env_to_module = len(spec.env_to_module) > 0 and mode != "random"
+        # Some piece reads the context: the carry tracks the agents' last step rewards
+        # (in every mode: one carry serves every mode).
+        self._connectors = (spec.env_to_module.reads_context
+                            or spec.module_to_env.reads_context)
         self._vmapped_indices = jax.vmap(spec.mapping.indices, in_axes=(None, 0, 0))
         self.stateful = tuple(m for m in self.groups if spec.module[m].is_stateful())
         self._action_mask = None
@@ -375,11 +397,25 @@ class MultiAgentLayout:
         acting = self._acting_mask(env_state, env_params)
         masks = (None if self._action_mask is None
                  else self._action_mask(env_state, env_params))
-        actions, extras, _ = jax.eval_shape(self._policy, params, obs, module_index,
+        connector_state = (self.spec.env_to_module.init_state(num_envs),
+                           self.spec.module_to_env.init_state(num_envs))
+        first = jnp.ones((num_envs, num_agents), jnp.bool_)
+        module_obs = obs
+        if self._env_to_module:
+            sampled = {a: jax.eval_shape(jax.vmap(self.spec.gymnax_action_spaces[a].sample),
+                                         jax.random.split(act_key, num_envs))
+                       for a in self.agents}
+            contexts = agent_contexts(self.agents, acting, first, sampled, None)
+            module_obs = jax.eval_shape(self.spec.env_to_module.apply, connector_state[0],
+                                        obs, contexts)[1]
+        actions, extras, _ = jax.eval_shape(self._policy, params, module_obs, module_index,
                                             module_state, acting, act_key, masks)
         zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
         window = self.spec.metrics_window
         return dict(
+            connector_state=connector_state,
+            last_step_reward=(jnp.zeros((num_envs, num_agents), jnp.float32)
+                              if self._connectors else None),
             acting=acting,
             agent_done=jnp.zeros((num_envs, num_agents), jnp.bool_),
             pending=jnp.zeros((num_envs, num_agents), jnp.bool_),
@@ -413,11 +449,27 @@ class MultiAgentLayout:
         masks = None
         if self._action_mask is not None:  # the env says which actions are legal
             masks = self._action_mask(carry.env_state, env_params)
-        actions, extras, module_state = self._policy(params, carry.obs, carry.module_index,
+        e2m_state, m2e_state = carry.connector_state
+        contexts = dict.fromkeys(self.agents)  # no piece reads it
+        if self._connectors:
+            # The agent's first action of the episode: no completed and no pending step.
+            first = carry.acting & (carry.agent_len == 0) & ~carry.pending
+            contexts = agent_contexts(self.agents, carry.acting, first, carry.pending_action,
+                                      carry.last_step_reward)
+        module_obs = carry.obs
+        if self._env_to_module:
+            e2m_state, module_obs = self.spec.env_to_module.apply(e2m_state, carry.obs,
+                                                                  contexts)
+        actions, extras, module_state = self._policy(params, module_obs, carry.module_index,
                                                      carry.module_state, carry.acting, key,
                                                      masks)
-        env_actions = {a: self.spec.actions_for_env[a](actions[a]) for a in self.agents}
-        return env_actions, (actions, extras, module_state)
+        env_actions = actions
+        if len(self.spec.module_to_env) > 0:
+            m2e_state, env_actions = self.spec.module_to_env.apply(m2e_state, actions,
+                                                                   contexts)
+        env_actions = {a: jnp.asarray(env_actions[a]).astype(self.spec.env_action_dtypes[a])
+                       for a in self.agents}
+        return env_actions, (actions, extras, module_state, (e2m_state, m2e_state))
 
     def outcome(self, rewards, terminateds, truncateds):
         agents = self.agents
@@ -431,7 +483,7 @@ class MultiAgentLayout:
         return reward, agent_terminated, agent_truncated, all_terminated, all_truncated
 
     def after_step(self, carry: MultiAgentCarry, acted, step, env_params):
-        actions, extras, module_state = acted
+        actions, extras, module_state, connector_state = acted
         agents, acting = self.agents, carry.acting
         failed = step.failed[:, None]  # (B, 1): the episode is dropped for every agent
         all_done = step.ended  # the episode ended (done or failed): a new one starts
@@ -466,6 +518,9 @@ class MultiAgentLayout:
                                      + all_done.astype(jnp.int32)), module_index)
         reset = all_done[:, None]
         fields = dict(
+            connector_state=connector_state,
+            last_step_reward=(None if carry.last_step_reward is None else jnp.where(
+                completed, pending_reward, carry.last_step_reward)),
             acting=to_act & ~agent_done,
             agent_done=agent_done,
             pending=pending & ~completed & ~failed,
@@ -498,7 +553,7 @@ class MultiAgentLayout:
 
     def callback_view(self, carry: MultiAgentCarry, acted, step, info) -> StepView:
         """Per-agent dicts (the episode's flags under "__all__"); see `StepView`."""
-        actions, extras, _ = acted
+        actions, extras = acted[:2]
         agents = self.agents
         per_agent = lambda x: {a: x[:, i] for i, a in enumerate(agents)}  # noqa: E731
         terminated = {**per_agent(step.terminated), ALL: step.all_terminated}

@@ -4,7 +4,8 @@ A thin stateful shell like `SingleAgentEnvRunner`: it owns the device carry, the
 of every module and one jitted chunk function per policy mode, and turns `sample()`
 arguments into calls of the same compiled chunk. The semantics (who acts, how rewards
 accumulate, what an agent step is) are in `jaxrunner.core.multi_agent_rollout`; the
-episode-to-module mapping in `jaxrunner.core.mapping`.
+episode-to-module mapping in `jaxrunner.core.mapping`; the per-agent connector pipelines
+in `jaxrunner.connectors.multi_agent`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner.config import RunnerConfig
-from jaxrunner.connectors.actions import make_actions_for_env
+from jaxrunner.connectors.base import ConnectorContext, ConnectorPipeline, call_factory
+from jaxrunner.connectors.env_to_module import default_env_to_module_pieces
+from jaxrunner.connectors.module_to_env import NormalizeAndClipActions
+from jaxrunner.connectors.multi_agent import MultiAgentConnectorPipeline, copy_pieces
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.mapping import (AgentMapping, MappingEpisode, default_policy_mapping_fn,
                                     mapping_episode, trace_mapping)
@@ -30,7 +34,9 @@ from jaxrunner.errors import StateStructureError
 from jaxrunner.metrics.multi_agent import MultiAgentRunnerMetrics
 from jaxrunner.modules.multi_rl_module import MultiRLModule
 from jaxrunner.modules.rl_module import RLModuleSpec, init_params
-from jaxrunner.runners.compiled_runner import STATE_HINT, CompiledEnvRunner, check_module_fits
+from jaxrunner.runners.compiled_runner import (COMPONENT_ENV_TO_MODULE_CONNECTOR,
+                                               COMPONENT_MODULE_TO_ENV_CONNECTOR, STATE_HINT,
+                                               CompiledEnvRunner, check_module_fits)
 from jaxrunner.structure import check_same_structure
 
 COUNT_STEPS_BY = ("env_steps", "agent_steps")
@@ -42,6 +48,17 @@ def _is_multi_agent_env(config: RunnerConfig) -> bool:
     from jaxrunner.runners.selection import MULTI_AGENT, env_kind
 
     return config.env is not None and env_kind(config) == MULTI_AGENT
+
+
+def _batch_struct(space: gym.spaces.Space, num_envs: int) -> Any:
+    """`jax.ShapeDtypeStruct`s of a batch of `num_envs` observations of `space` (JAX
+    dtypes: float64 becomes float32)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {k: _batch_struct(s, num_envs) for k, s in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(_batch_struct(s, num_envs) for s in space.spaces)
+    return jax.ShapeDtypeStruct((num_envs,) + tuple(space.shape or ()),
+                                jax.dtypes.canonicalize_dtype(space.dtype))
 
 
 class MultiAgentEnvRunner(CompiledEnvRunner):
@@ -83,6 +100,10 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         self._mapping: AgentMapping | None = None
         self._metrics: MultiAgentRunnerMetrics | None = None
         self._host = None  # HostMultiAgentEngine for an RLlib / PettingZoo env
+        self.env_to_module = MultiAgentConnectorPipeline({})
+        self.module_to_env = MultiAgentConnectorPipeline({})
+        # {agent_id: observation space after the agent's env-to-module pipeline}
+        self.module_observation_spaces: dict[str, gym.spaces.Space] = {}
 
     # ------------------------------------------------------------------ construction
     def make_env(self) -> None:
@@ -234,8 +255,11 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             )
         return spec
 
-    def _module_spaces(self, module_id: str, spec: RLModuleSpec, mapping: AgentMapping | None
+    def _module_spaces(self, module_id: str, spec: RLModuleSpec, mapping: AgentMapping | None,
+                       obs_spaces: dict[str, gym.spaces.Space]
                        ) -> tuple[gym.spaces.Space, gym.spaces.Space]:
+        """The module's spaces: those of the agents that can map to it, the observation
+        space after their env-to-module pipelines (`obs_spaces`)."""
         if self.env is None:
             if module_id not in (self.spaces or {}):
                 raise ValueError(f"No spaces for module {module_id!r} in the spaces given to "
@@ -243,14 +267,21 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             return self.spaces[module_id]
         members = [a for a in self._agent_ids if module_id in mapping.candidates[a]]
         if members:
-            obs, act = self.observation_spaces[members[0]], self.action_spaces[members[0]]
+            obs, act = obs_spaces[members[0]], self.action_spaces[members[0]]
             for agent in members[1:]:
-                if (self.observation_spaces[agent], self.action_spaces[agent]) != (obs, act):
+                if (obs_spaces[agent], self.action_spaces[agent]) != (obs, act):
+                    env_same = (self.observation_spaces[agent], self.action_spaces[agent]) == (
+                        self.observation_spaces[members[0]], self.action_spaces[members[0]])
                     raise ValueError(
                         f"Agents {members[0]!r} and {agent!r} can both map to module "
                         f"{module_id!r} but have different spaces ({obs}, {act} vs "
-                        f"{self.observation_spaces[agent]}, {self.action_spaces[agent]}); a "
+                        f"{obs_spaces[agent]}, {self.action_spaces[agent]}); a "
                         "module acts in one observation and action space."
+                        + (" The env gives both agents the same spaces: their "
+                           "env-to-module connector pipelines produce different "
+                           "observation spaces. Make the pieces agree for agents that "
+                           "share a module, or map the agents to different modules."
+                           if env_same else "")
                     )
             for given, own, what in ((spec.observation_space, obs, "observation"),
                                      (spec.action_space, act, "action")):
@@ -262,16 +293,85 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             return obs, act
         if spec.observation_space is not None and spec.action_space is not None:
             return spec.observation_space, spec.action_space
-        pairs = {(repr(self.observation_spaces[a]), repr(self.action_spaces[a]))
-                 for a in self._agent_ids}
+        pairs = {(repr(obs_spaces[a]), repr(self.action_spaces[a])) for a in self._agent_ids}
         if len(pairs) == 1:
             first = self._agent_ids[0]
-            return self.observation_spaces[first], self.action_spaces[first]
+            return obs_spaces[first], self.action_spaces[first]
         raise ValueError(
             f"No agent maps to module {module_id!r}, so its spaces cannot be taken from the "
             "env; give them: config.multi_agent(policies={"
             f"{module_id!r}: RLModuleSpec(observation_space=..., action_space=...)}})."
         )
+
+    def _env_spaces(self) -> dict[str, tuple]:
+        """`__env__` (batched) and `__env_single__` spaces: `gym.spaces.Dict`s keyed by
+        agent id (what a connector factory gets as `spaces`)."""
+        single = (gym.spaces.Dict(self.observation_spaces), gym.spaces.Dict(self.action_spaces))
+        return {"__env__": (batched_space(single[0], self.num_envs),
+                            batched_space(single[1], self.num_envs)),
+                "__env_single__": single}
+
+    def _build_connectors(self) -> tuple[tuple[MultiAgentConnectorPipeline, ...], dict]:
+        """The per-agent env-to-module and module-to-env pipelines (RLlib's
+        `env_runners()` settings, as for the single-agent runner) and the observation
+        space each agent's module input has; see `jaxrunner.connectors.multi_agent`.
+
+        env-to-module: [FlattenObservations for Dict/Tuple spaces (default), *user pieces].
+        module-to-env: [*user pieces, NormalizeAndClipActions (default)].
+        The factories are called once; each agent gets a copy of their pieces."""
+        cfg = self.config
+        spaces = self._env_spaces()
+        templates = {}
+        for kind, factory in (("env_to_module", cfg.env_to_module_connector),
+                              ("module_to_env", cfg.module_to_env_connector)):
+            templates[kind] = ([] if factory is None else
+                               call_factory(factory, self.env, spaces, bind_action_space=False))
+        env_to_module, module_to_env = {}, {}
+        for agent in self._agent_ids:
+            act_space = self.action_spaces[agent]
+            pieces = []
+            if cfg.add_default_connectors_to_env_to_module_pipeline:
+                pieces += default_env_to_module_pieces(self.observation_spaces[agent])
+            pieces += copy_pieces(templates["env_to_module"], agent, "env_to_module")
+            env_to_module[agent] = ConnectorPipeline(pieces)
+            env_to_module[agent].bind_action_space(act_space)
+            pieces = copy_pieces(templates["module_to_env"], agent, "module_to_env")
+            if cfg.add_default_connectors_to_module_to_env_pipeline:
+                pieces.append(NormalizeAndClipActions(
+                    act_space, normalize_actions=cfg.normalize_actions,
+                    clip_actions=cfg.clip_actions, env_dtype=self._env_action_dtypes[agent]))
+            module_to_env[agent] = ConnectorPipeline(pieces)
+            module_to_env[agent].bind_action_space(act_space)
+        e2m = MultiAgentConnectorPipeline(env_to_module)
+        m2e = MultiAgentConnectorPipeline(module_to_env)
+        obs_spaces = e2m.recompute_observation_spaces(self.observation_spaces)
+        self._check_connectors(e2m, m2e, obs_spaces)
+        return (e2m, m2e), obs_spaces
+
+    def _check_connectors(self, env_to_module: MultiAgentConnectorPipeline,
+                          module_to_env: MultiAgentConnectorPipeline, obs_spaces: dict) -> None:
+        """Both pipelines of every agent keep the batch axis and produce what the spaces
+        say (traced with `eval_shape`: nothing runs or compiles)."""
+        num_envs, agents = self.num_envs, self._agent_ids
+        key = jax.random.key(0)
+        if self._host is not None:
+            obs = {a: _batch_struct(self.observation_spaces[a], num_envs) for a in agents}
+        else:
+            obs = jax.eval_shape(
+                lambda k: jax.vmap(self.env.reset, in_axes=(0, None))(
+                    jax.random.split(k, num_envs), self.env_params)[0], key)
+        actions = {a: jax.eval_shape(jax.vmap(self._gymnax_action_spaces[a].sample),
+                                     jax.random.split(key, num_envs)) for a in agents}
+        flag = jax.ShapeDtypeStruct((num_envs,), jnp.bool_)
+        contexts = {a: ConnectorContext(
+            is_first=flag, prev_action=actions[a],
+            prev_reward=jax.ShapeDtypeStruct((num_envs,), jnp.float32), mask=flag)
+            for a in agents}
+        expected = {a: (None if isinstance(obs_spaces[a], (gym.spaces.Dict, gym.spaces.Tuple))
+                        else (num_envs,) + tuple(obs_spaces[a].shape)) for a in agents}
+        env_to_module.check("env_to_module", obs, contexts, expected, num_envs)
+        module_to_env.check("module_to_env", actions, contexts,
+                            {a: actions[a].shape for a in agents}, num_envs)
 
     def make_module(self) -> None:
         """Builds the `MultiRLModule` and traces `policy_mapping_fn` (an unknown module id
@@ -283,13 +383,16 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             return
         module_ids = tuple(sorted(cfg.policies))
         mapping = None
+        pipelines = (MultiAgentConnectorPipeline({}), MultiAgentConnectorPipeline({}))
+        obs_spaces: dict[str, gym.spaces.Space] = {}
         if self.env is not None:
             fn = cfg.policy_mapping_fn or default_policy_mapping_fn(module_ids)
             mapping = trace_mapping(fn, self._agent_ids, module_ids)
+            pipelines, obs_spaces = self._build_connectors()
         modules = {}
         for module_id in module_ids:
             spec = self._module_spec(module_id)
-            obs_space, act_space = self._module_spaces(module_id, spec, mapping)
+            obs_space, act_space = self._module_spaces(module_id, spec, mapping, obs_spaces)
             modules[module_id] = RLModuleSpec(
                 module_class=spec.module_class, observation_space=obs_space,
                 action_space=act_space,
@@ -298,9 +401,11 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         module = MultiRLModule(modules, policies_to_train=cfg.policies_to_train)
         params = init_params(module, jax.random.fold_in(self._base_key, 1))
         if mapping is not None:
-            self._check_modules_fit(module, params, mapping)
+            self._check_modules_fit(module, params, mapping, obs_spaces)
         self.module = module
         self._mapping = mapping
+        self.env_to_module, self.module_to_env = pipelines
+        self.module_observation_spaces = obs_spaces
         self._params = jax.device_put(params)
         if (self._metrics is None or self._metrics.agent_ids != self._agent_ids
                 or self._metrics.module_ids != module_ids):
@@ -309,14 +414,17 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         self._needs_reset = True
         self._compiled = {}
 
-    def _check_modules_fit(self, module: MultiRLModule, params: dict, mapping: AgentMapping
-                           ) -> None:
+    def _pipelines(self) -> list[tuple[str, MultiAgentConnectorPipeline]]:
+        return [(COMPONENT_ENV_TO_MODULE_CONNECTOR, self.env_to_module),
+                (COMPONENT_MODULE_TO_ENV_CONNECTOR, self.module_to_env)]
+
+    def _check_modules_fit(self, module: MultiRLModule, params: dict, mapping: AgentMapping,
+                           obs_spaces: dict[str, gym.spaces.Space]) -> None:
         for module_id in module.module_ids:
             members = [a for a in self._agent_ids if module_id in mapping.candidates[a]]
             if not members:
                 continue
-            check_module_fits(module[module_id], params[module_id],
-                              self.observation_spaces[members[0]],
+            check_module_fits(module[module_id], params[module_id], obs_spaces[members[0]],
                               self.action_spaces[members[0]], self.num_envs * len(members),
                               f"Module {module_id!r}")
 
@@ -328,10 +436,8 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             action_spaces=self.action_spaces, num_envs=self.num_envs,
             chunk_len=self._chunk_len(), lookback_len=cfg.episode_lookback_horizon,
             metrics_window=cfg.metrics_window,
-            actions_for_env={a: make_actions_for_env(
-                self.action_spaces[a], normalize_actions=cfg.normalize_actions,
-                clip_actions=cfg.clip_actions, env_dtype=self._env_action_dtypes[a])
-                for a in self._agent_ids},
+            env_action_dtypes=dict(self._env_action_dtypes),
+            env_to_module=self.env_to_module, module_to_env=self.module_to_env,
             check_finite=cfg.check_finite, autoreset_mode=cfg.autoreset_mode,
             partial_reset_ratio=cfg.partial_reset_ratio,
             restart_failed_sub_environments=cfg.restart_failed_sub_environments,
@@ -477,10 +583,7 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             if self.spaces is None:
                 raise ValueError("This runner has neither an env nor spaces given to it.")
             return dict(self.spaces)
-        single = (gym.spaces.Dict(self.observation_spaces), gym.spaces.Dict(self.action_spaces))
-        spaces = {"__env__": (batched_space(single[0], self.num_envs),
-                              batched_space(single[1], self.num_envs)),
-                  "__env_single__": single}
+        spaces = self._env_spaces()
         for module_id in self.module.module_ids:
             rl_module = self.module[module_id]
             spaces[module_id] = (rl_module.observation_space, rl_module.action_space)
