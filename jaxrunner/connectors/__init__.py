@@ -9,7 +9,9 @@ from jaxrunner.connectors.env_to_module import FrameStacking as FrameStacking
 from jaxrunner.connectors.env_to_module import MeanStdFilter as MeanStdFilter
 from jaxrunner.connectors.env_to_module import PrevActionsPrevRewards as PrevActionsPrevRewards
 from jaxrunner.connectors.module_to_env import NormalizeAndClipActions as NormalizeAndClipActions
+from jaxrunner.connectors.multi_agent import (
+    MultiAgentConnectorPipeline as MultiAgentConnectorPipeline)
 
 __all__ = ["ConnectorContext", "ConnectorPipeline", "ConnectorV2", "FlattenObservations",
-           "FrameStacking", "MeanStdFilter", "NormalizeAndClipActions",
-           "PrevActionsPrevRewards", "make_actions_for_env"]
+           "FrameStacking", "MeanStdFilter", "MultiAgentConnectorPipeline",
+           "NormalizeAndClipActions", "PrevActionsPrevRewards", "make_actions_for_env"]
