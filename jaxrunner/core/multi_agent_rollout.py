@@ -90,7 +90,7 @@ class MultiAgentCarry:
     # (env-to-module, module-to-env) states, each {aid: pipeline state}.
     connector_state: Any
     # (B, A) float32: reward of each agent's last completed agent step (the connectors'
-    # `prev_reward`), or None when no connector piece runs.
+    # `prev_reward`), or None when no connector piece reads the context.
     last_step_reward: Any
     callbacks: Any = None  # core.callbacks.CallbackCarry with device callbacks, else None
 
@@ -251,7 +251,7 @@ class MultiAgentLayout:
         self.num_agents, self.num_modules = len(self.agents), len(self.module_ids)
         self.groups = spec.agents_of_module()
         self._vmapped_to_act = jax.vmap(spec.env.agents_to_act, in_axes=(0, None))
-        # Connector pieces that run (the env-to-module ones not with random actions).
+        # The env-to-module pipelines run (not with random actions, as single-agent).
         self._env_to_module = len(spec.env_to_module) > 0 and mode != "random"
         # Some piece reads the context: the carry tracks the agents' last step rewards
         # (in every mode: one carry serves every mode).

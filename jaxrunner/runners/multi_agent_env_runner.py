@@ -578,7 +578,10 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
     # ------------------------------------------------------------------ the rest
     def get_spaces(self) -> dict[str, tuple]:
         """`{module_id: (obs_space, act_space)}` plus `__env__` (batched) and
-        `__env_single__` (`gym.spaces.Dict` keyed by agent id)."""
+        `__env_single__` (`gym.spaces.Dict` keyed by agent id).
+
+        A module's observation space is the one its agents' env-to-module connector
+        pipelines produce (the env's when they have no pieces), as in RLlib."""
         if self.env is None:
             if self.spaces is None:
                 raise ValueError("This runner has neither an env nor spaces given to it.")
