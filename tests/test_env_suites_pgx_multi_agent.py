@@ -96,3 +96,23 @@ def test_runner__turns_alternate_and_rewards_are_per_player(runner):
         assert episode.is_terminated
     metrics = runner.get_metrics()
     assert metrics["num_episodes"] >= 6
+
+
+# Games pgx makes in under a second here; others (shogi, chess, animal shogi, gardner chess,
+# go) build tables for 5-30 s when their module is imported, which is why listing the ids
+# reads the player counts from the table instead.
+QUICK_TO_MAKE = ("2048", "hex", "kuhn_poker", "leduc_holdem", "othello", "tic_tac_toe")
+
+
+def test_pgx_player_table__covers_every_game_and_agrees_with_pgx():
+    from jaxrunner.envs.adapters import pgx as pgx_adapter
+
+    games = [i for i in pgx.available_envs() if not i.startswith("minatar-")]
+    assert set(games) <= set(pgx_adapter.KNOWN_NUM_PLAYERS), (
+        "pgx has games the table does not know (listing would make them): "
+        f"{sorted(set(games) - set(pgx_adapter.KNOWN_NUM_PLAYERS))}")
+    for game in QUICK_TO_MAKE:
+        assert pgx_adapter.num_players(game) == int(pgx.make(game).num_players), game
+    assert pgx_adapter.num_players("minatar-breakout") == 1
+    assert "tic_tac_toe" in pgx_adapter.multi_player_ids()
+    assert "2048" not in pgx_adapter.multi_player_ids()

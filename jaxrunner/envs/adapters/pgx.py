@@ -187,11 +187,32 @@ def env_ids() -> list[str]:
             or _has_minatar()]
 
 
-def multi_player_ids() -> list[str]:
-    """The ids of games with two or more players (`PgxMultiAgentEnv`, MultiAgentEnvRunner)."""
+# Players of each pgx 2.x game (its `Env.num_players`), so that listing the ids imports no
+# game: pgx builds some games' tables when their module is imported (shogi about 30 s on a
+# 2-core CPU, chess and animal shogi about 15 s). An id missing here is made and asked.
+KNOWN_NUM_PLAYERS = {
+    "2048": 1, "animal_shogi": 2, "backgammon": 2, "bridge_bidding": 4, "chess": 2,
+    "connect_four": 2, "gardner_chess": 2, "go_9x9": 2, "go_19x19": 2, "hex": 2,
+    "kuhn_poker": 2, "leduc_holdem": 2, "othello": 2, "shogi": 2, "sparrow_mahjong": 3,
+    "tic_tac_toe": 2,
+}
+
+
+def num_players(env_id: str) -> int:
+    """Players of pgx game `env_id` (the MinAtar ports: 1), without making the game when
+    it is one of `KNOWN_NUM_PLAYERS`."""
+    if env_id.startswith("minatar-"):
+        return 1
+    if env_id in KNOWN_NUM_PLAYERS:
+        return KNOWN_NUM_PLAYERS[env_id]
     import pgx
 
-    return [i for i in env_ids() if int(pgx.make(i).num_players) > 1]
+    return int(pgx.make(env_id).num_players)
+
+
+def multi_player_ids() -> list[str]:
+    """The ids of games with two or more players (`PgxMultiAgentEnv`, MultiAgentEnvRunner)."""
+    return [i for i in env_ids() if num_players(i) > 1]
 
 
 def _has_minatar() -> bool:
