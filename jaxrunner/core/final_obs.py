@@ -127,26 +127,23 @@ class FinalObsWriter:
         `final_obs` `(T, B, ...)`, `ended` `(T, B)` bool (episode ends, as `write` gets
         them), `steps_taken` () int32, `next_obs` `(B, ...)` (the carry's observation
         after the chunk). The same store as `write` at every step and `finish` give."""
+        from jaxrunner.core.ring import rank_positions  # (ring imports carry, carry this)
+
         num_steps, num_envs = ended.shape
         ended = ended & (jnp.arange(num_steps, dtype=jnp.int32) < steps_taken)[:, None]
-        flat_ended = ended.reshape(-1)
-        # Row of each episode end in (t, b) order (the chunk stopped before the ends could
-        # outgrow the slots); every other position is dropped.
-        target = jnp.where(flat_ended, jnp.cumsum(flat_ended.astype(jnp.int32)) - 1,
-                           self.slots)
-        positions = jnp.arange(num_steps * num_envs, dtype=jnp.int32)
-        rows_index = jnp.full((self.slots,), UNUSED, jnp.int32).at[target].set(
-            positions, mode="drop")
+        ranks = jnp.arange(1, self.slots + 1, dtype=jnp.int32)
+        used = ranks <= jnp.sum(ended.astype(jnp.int32))
+        position = rank_positions(ended, ranks)
         last = steps_taken - 1
         last_ended = ended[jnp.maximum(last, 0)]
         envs = jnp.arange(num_envs, dtype=jnp.int32)
         tail = jnp.where((last >= 0) & ~last_ended, last * num_envs + envs, UNUSED)
-        index = jnp.concatenate([rows_index, tail.astype(jnp.int32)])
+        index = jnp.concatenate([jnp.where(used, position, UNUSED), tail]).astype(jnp.int32)
 
         def rows(dense, after):
             flat = dense.reshape((num_steps * num_envs,) + dense.shape[2:])
-            picked = jnp.zeros((self.slots,) + flat.shape[1:], flat.dtype).at[target].set(
-                flat, mode="drop")
+            picked = jnp.where(used.reshape((-1,) + (1,) * (flat.ndim - 1)),
+                               flat[position], jnp.zeros((), flat.dtype))
             return jnp.concatenate([picked, after.astype(flat.dtype)], axis=0)
 
         return FinalObsStore(index=index, obs=jax.tree.map(rows, final_obs, next_obs))
