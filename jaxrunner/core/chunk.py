@@ -33,14 +33,6 @@ Device callbacks, when the spec has them, run per step after `after_step` on the
 one more scan output, and the counted episodes' values are written after the scan. When
 the spec has none, none of this is traced: the chunk is the same program.
 
-Optionally a layout has `fields_after_scan(start, traj, steps_taken) -> dict`: then the
-step does not update the episode and failure counters (`episode_count`, `episode_len`,
-`consecutive_failures`, `vector_step`), which nothing reads inside the scan, and the
-chunk sets them after the scan from the returned fields (`counters_after_scan` derives
-the common ones from the trajectory's `(T, B)` flags), so the step costs no kernel for
-them. Layouts whose step reads a counter (the multi-agent layout maps agents to modules
-by `episode_count`) keep the per-step update.
-
 Optionally a layout has `row_store`, an object that keeps part of the per-step record
 out of the `(T, ...)` buffers in a fixed-size store carried through the scan (the
 single-agent final observations, `core.final_obs`): `init(record_shape) -> state`,
@@ -151,8 +143,6 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
     env_step = make_env_step(step_fns, num_envs, spec.autoreset_mode, spec.partial_reset_ratio)
     callbacks = getattr(spec, "callbacks", None)
     bound: dict[str, Any] = {}  # the callbacks with their metric names, once traced
-    # The layout derives the episode counters after the scan (see the module docstring).
-    counters_later = hasattr(layout, "fields_after_scan")
 
     def reset_all(key: jax.Array, env_params: Any):
         return strong_types(vmapped_reset(jax.random.split(key, num_envs), env_params))
@@ -193,7 +183,6 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         return carry.replace(**layout.reset_fields(carry, env_params))
 
     def vector_step(carry: Any, params: Any, env_params: Any):
-        # (With a layout that derives its counters after the scan, they are not advanced.)
         new_carry, record, _, values = one_step(carry, params, env_params,
                                                  bound.get("callbacks"), False)
         return new_carry, (record if values is None else (record, values))
@@ -227,13 +216,13 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
                                         batched_info(info, num_envs))
         if cbs is not None:
             fields["callbacks"], values = cbs.step(carry.callbacks, view, ended, next_obs)
-        if not counters_later:
-            fields.update(
-                episode_count=carry.episode_count + ended.astype(jnp.int32),
-                episode_len=jnp.where(ended, 0, carry.episode_len + 1),
-                consecutive_failures=jnp.where(failed, carry.consecutive_failures + 1, 0),
-                vector_step=carry.vector_step + jnp.uint32(1))
-        new_carry = carry.replace(env_state=env_state, obs=next_obs, key=key, **fields)
+        new_carry = carry.replace(
+            env_state=env_state, obs=next_obs, key=key,
+            episode_count=carry.episode_count + ended.astype(jnp.int32),
+            episode_len=jnp.where(ended, 0, carry.episode_len + 1),
+            consecutive_failures=jnp.where(failed, carry.consecutive_failures + 1, 0),
+            vector_step=carry.vector_step + jnp.uint32(1),
+            **fields)
         return new_carry, record, view, values
 
     def init_lookback(carry: Any, params: Any, env_params: Any):
@@ -299,33 +288,6 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
                     bound_callbacks=None if callbacks is None else bound_callbacks)
 
 
-def counters_after_scan(start: Any, ended: jax.Array, failed: jax.Array, valid: jax.Array,
-                        steps_taken: jax.Array) -> tuple[dict, jax.Array]:
-    """The chunk's episode and failure counters after its steps, from its flags.
-
-    `start`: the carry the chunk began with; `ended` / `failed`: `(T, B)` bool, an episode
-    ended (done or failed) / the sub-env failed at step t; `valid`: `(T,)` bool, the
-    steps taken (the first `steps_taken`). Returns `(fields, last_end)`: the carry's
-    `episode_count`, `episode_len`, `consecutive_failures` and `vector_step` as the
-    per-step updates would leave them (an end restarts the episode length, a failure-free
-    step the failure streak), and `last_end` `(B,)` int32, each sub-env's last step that
-    ended an episode (-1: none in this chunk)."""
-    taken = valid[:, None]
-    ended = ended & taken
-    steps = jnp.arange(valid.shape[0], dtype=jnp.int32)[:, None]
-    last_end = jnp.max(jnp.where(ended, steps, -1), axis=0)
-    last_ok = jnp.max(jnp.where(taken & ~failed, steps, -1), axis=0)
-    steps_taken = steps_taken.astype(jnp.int32)
-    fields = dict(
-        episode_count=start.episode_count + jnp.sum(ended.astype(jnp.int32), axis=0),
-        episode_len=jnp.where(last_end >= 0, steps_taken - 1 - last_end,
-                              start.episode_len + steps_taken),
-        consecutive_failures=jnp.where(last_ok >= 0, steps_taken - 1 - last_ok,
-                                       start.consecutive_failures + steps_taken),
-        vector_step=start.vector_step + steps_taken.astype(jnp.uint32))
-    return fields, last_end
-
-
 def finish_chunk(layout: Any, carry: Any, start: Any, lookback: Any, records: Any,
                  steps_taken: jax.Array, episodes_limit: jax.Array,
                  call_step_offset: jax.Array, agent_steps_done: jax.Array, *,
@@ -348,8 +310,6 @@ def finish_chunk(layout: Any, carry: Any, start: Any, lookback: Any, records: An
     num_envs, chunk_len = spec.num_envs, spec.chunk_len
     traj = layout.decode(records.replace(
         valid=jnp.arange(chunk_len, dtype=jnp.int32) < steps_taken), start)
-    if hasattr(layout, "fields_after_scan"):
-        carry = carry.replace(**layout.fields_after_scan(start, traj, steps_taken))
     if rows is not None:
         traj = layout.row_store.finish(rows, traj, carry)
     steps_in_call = call_step_offset + 1 + jnp.arange(chunk_len, dtype=jnp.int32)
@@ -381,6 +341,5 @@ def finish_chunk(layout: Any, carry: Any, start: Any, lookback: Any, records: An
     return carry, lookback, traj, info
 
 
-__all__ = ["ChunkFns", "POLICY_MODES", "StepOutcome", "check_policy_mode",
-           "counters_after_scan", "finish_chunk",
+__all__ = ["ChunkFns", "POLICY_MODES", "StepOutcome", "check_policy_mode", "finish_chunk",
            "make_chunk_fns", "scan_while", "strong_types"]

@@ -17,14 +17,6 @@ stores the final observations of exactly those steps, in a fixed-size `FinalObsS
 * `B` tail rows: the chunk's last taken step for the sub-envs whose episode did not end
   there.
 
-How the rows get there depends on the bytes of one vector step's final observations
-(`dense_write`): small ones (`B * obs_bytes <= DENSE_WRITE_MAX_BYTES`) are written into a
-`(T, B, *obs_shape)` buffer at every step (one in-place write, as the observations) and
-compacted into the store after the scan (`FinalObsWriter.compact`); larger ones are
-scattered into the store's rows at the steps that end episodes (`FinalObsWriter.write`),
-which needs a running count and a per-step rank of the ends, kernels that cost more than
-the dense write when a vector step is small. Both give the same store.
-
 `dense_final_obs` rebuilds the `(T, B, *obs_shape)` array bit for bit (taken steps:
 `obs[t + 1]` or the stored row; steps not taken: zeros), as `Trajectory.final_obs` does.
 This relies on the env protocol of same-step auto-reset: at a step that ends no episode,
@@ -46,9 +38,6 @@ import numpy as np
 from flax import struct
 
 UNUSED = -1  # `FinalObsStore.index` of an empty row
-# A vector step's final observations of at most this many bytes are written densely
-# inside the scan and compacted after it (see the module docstring).
-DENSE_WRITE_MAX_BYTES = 16384
 AUTO_STEPS_PER_SLOT = 8  # "auto": one slot per sub-env for every 8 chunk steps (+ 1)
 AUTO_DENSE_UP_TO = 16  # "auto": chunks this short store every step's row
 
@@ -76,21 +65,6 @@ def slots_for(num_envs: int, chunk_len: int, per_env: int | str = "auto") -> int
     return num_envs * max(1, min(int(per_env), chunk_len))
 
 
-def dense_write(final_obs_shape: Any) -> bool:
-    """Whether one vector step's final observations (`(B, ...)` shapes or arrays) are
-    small enough to be written densely (`DENSE_WRITE_MAX_BYTES`)."""
-    size = sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
-               for leaf in jax.tree.leaves(final_obs_shape))
-    return size <= DENSE_WRITE_MAX_BYTES
-
-
-class EndCount(NamedTuple):
-    """What the scan keeps of a densely written store: the episode-end rows so far
-    (only where the store can run out of rows)."""
-
-    count: jax.Array  # () int32
-
-
 class StoreState(NamedTuple):
     """The store while the scan writes it."""
 
@@ -103,50 +77,11 @@ class StoreState(NamedTuple):
 class FinalObsWriter:
     """Writes a chunk's `FinalObsStore` inside the scan (used by `core.chunk`)."""
 
-    def __init__(self, num_envs: int, slots: int, chunk_len: int | None = None):
+    def __init__(self, num_envs: int, slots: int):
         if slots < num_envs:
             raise ValueError(f"A final-observation store needs at least num_envs={num_envs} "
                              f"slots, got {slots}.")
         self.num_envs, self.slots = num_envs, slots
-        # Room for every step's ends (a chunk of `chunk_len` steps never stops early).
-        self.never_full = chunk_len is not None and slots >= num_envs * chunk_len
-
-    def init_count(self) -> EndCount | tuple:
-        """The scan's state of a densely written store (`()` where it never runs out)."""
-        return () if self.never_full else EndCount(jnp.zeros((), jnp.int32))
-
-    def count(self, state: EndCount | tuple, ended: jax.Array) -> EndCount | tuple:
-        """`state` after a step whose episodes `ended` (`(B,)` bool), densely written."""
-        if self.never_full:
-            return state
-        return EndCount(state.count + jnp.sum(ended.astype(jnp.int32)))
-
-    def compact(self, ended: jax.Array, final_obs: Any, steps_taken: jax.Array,
-                next_obs: Any) -> FinalObsStore:
-        """The store of a chunk whose final observations were written densely:
-        `final_obs` `(T, B, ...)`, `ended` `(T, B)` bool (episode ends, as `write` gets
-        them), `steps_taken` () int32, `next_obs` `(B, ...)` (the carry's observation
-        after the chunk). The same store as `write` at every step and `finish` give."""
-        from jaxrunner.core.ring import rank_positions  # (ring imports carry, carry this)
-
-        num_steps, num_envs = ended.shape
-        ended = ended & (jnp.arange(num_steps, dtype=jnp.int32) < steps_taken)[:, None]
-        ranks = jnp.arange(1, self.slots + 1, dtype=jnp.int32)
-        used = ranks <= jnp.sum(ended.astype(jnp.int32))
-        position = rank_positions(ended, ranks)
-        last = steps_taken - 1
-        last_ended = ended[jnp.maximum(last, 0)]
-        envs = jnp.arange(num_envs, dtype=jnp.int32)
-        tail = jnp.where((last >= 0) & ~last_ended, last * num_envs + envs, UNUSED)
-        index = jnp.concatenate([jnp.where(used, position, UNUSED), tail]).astype(jnp.int32)
-
-        def rows(dense, after):
-            flat = dense.reshape((num_steps * num_envs,) + dense.shape[2:])
-            picked = jnp.where(used.reshape((-1,) + (1,) * (flat.ndim - 1)),
-                               flat[position], jnp.zeros((), flat.dtype))
-            return jnp.concatenate([picked, after.astype(flat.dtype)], axis=0)
-
-        return FinalObsStore(index=index, obs=jax.tree.map(rows, final_obs, next_obs))
 
     def init(self, obs_shape: Any) -> StoreState:
         """An empty store for observations shaped like `obs_shape` (`(B, ...)`
@@ -158,10 +93,8 @@ class FinalObsWriter:
             obs=jax.tree.map(lambda s: jnp.zeros((rows,) + tuple(s.shape[1:]), s.dtype),
                              obs_shape))
 
-    def room(self, state: StoreState | EndCount | tuple) -> jax.Array:
+    def room(self, state: StoreState) -> jax.Array:
         """() bool: the next step's episode ends fit whatever they are."""
-        if isinstance(state, tuple) and not state:  # densely written, never full
-            return jnp.bool_(True)
         return state.count <= self.slots - self.num_envs
 
     def write(self, state: StoreState, ended: jax.Array, final_obs: Any) -> StoreState:
@@ -293,7 +226,6 @@ def host_rows(store: FinalObsStore) -> dict[int, int]:
     return dict(zip(index[used].tolist(), used.tolist()))
 
 
-__all__ = ["AUTO_DENSE_UP_TO", "AUTO_STEPS_PER_SLOT", "DENSE_WRITE_MAX_BYTES", "EndCount",
-           "FinalObsStore", "FinalObsWriter", "StoreState", "UNUSED", "dense_final_obs",
-           "dense_write", "host_rows", "join_stores",
+__all__ = ["AUTO_DENSE_UP_TO", "AUTO_STEPS_PER_SLOT", "FinalObsStore", "FinalObsWriter",
+           "StoreState", "UNUSED", "dense_final_obs", "host_rows", "join_stores",
            "join_stores_across_envs", "slots_for", "store_from_dense"]

@@ -73,10 +73,7 @@ def rank_positions(flags: jax.Array, ranks: jax.Array) -> jax.Array:
     blocks = flat.reshape(num_blocks, block)
     block_cum = jnp.cumsum(jnp.sum(blocks, axis=1, dtype=jnp.int32))  # (N / S,)
     ranks = jnp.maximum(ranks, 1)
-    # "scan_unrolled": the binary search's log2(N / S) rounds as straight-line code, not a
-    # while loop (a loop's per-round kernels cost more than the rounds at these sizes).
-    index = jnp.minimum(jnp.searchsorted(block_cum, ranks, side="left",
-                                         method="scan_unrolled"), num_blocks - 1)
+    index = jnp.minimum(jnp.searchsorted(block_cum, ranks, side="left"), num_blocks - 1)
     within = ranks - jnp.where(index > 0, block_cum[jnp.maximum(index - 1, 0)], 0)
     in_block = jnp.cumsum(blocks[index].astype(jnp.int32), axis=1)  # (W, S)
     offset = jnp.sum((in_block < within[:, None]).astype(jnp.int32), axis=1)

@@ -4,9 +4,7 @@ A single-agent rollout is the chunk with one agent: every sub-env's agent acts a
 vector step, through the env-to-module connectors, the module (or uniform random actions)
 and the module-to-env connectors. What this layout adds to the chunk's carry: the running
 episode return, the connector and recurrent-module states and the previous action and
-reward; its per-step record is a compact `StepRecord` (flags packed, no output derived
-after the scan), decoded into the public `Trajectory` after the scan, which also derives
-the episode counters and the running return (`fields_after_scan`).
+reward; its per-step record is the public `Trajectory` itself.
 
 Everything here is pure JAX: no Ray, no host I/O, no Python randomness.
 """
@@ -21,17 +19,16 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from jaxrunner.connectors.base import ConnectorContext
 from jaxrunner.core.autoreset import (AUTORESET_MODES, check_partial_autoreset_env,
                                       gymnax_step_fns)
 from jaxrunner.core.callbacks import StepView
 from jaxrunner.core.carry import ChunkInfo, Lookback, RolloutCarry, Trajectory
-from jaxrunner.core.chunk import (POLICY_MODES, ChunkFns, check_policy_mode,
-                                  counters_after_scan, make_chunk_fns, scan_while)
+from jaxrunner.core.chunk import (POLICY_MODES, ChunkFns, check_policy_mode, make_chunk_fns,
+                                  scan_while)
 from jaxrunner.core.faults import FAILURE_INFO_KEY, mark_step_failed
-from jaxrunner.core.final_obs import FinalObsWriter, StoreState, dense_write, slots_for
+from jaxrunner.core.final_obs import FinalObsWriter, slots_for
 from jaxrunner.core.lookback import roll_lookback, zeros_like_steps
 from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, rank_positions, write_ring
 from jaxrunner.modules.distributions import masked_logits, sample_legal
@@ -112,8 +109,7 @@ def random_legal_actions(key: jax.Array, action_mask: jax.Array) -> tuple[jax.Ar
     return actions, -jnp.log(legal.astype(jnp.float32))
 
 
-def make_act_fn(spec: RolloutSpec, mode: str, *, logp_later: bool = False
-                ) -> Callable[..., tuple]:
+def make_act_fn(spec: RolloutSpec, mode: str) -> Callable[..., tuple]:
     """The policy half of one vector step, as a pure (jittable) function.
 
     Returns `act(params, carry, key, action_mask=None) -> (actions, env_actions, extras,
@@ -126,11 +122,6 @@ def make_act_fn(spec: RolloutSpec, mode: str, *, logp_later: bool = False
     `RolloutCarry` fields `obs`, `is_first`, `prev_action`, `prev_reward`,
     `connector_state` and `module_state`: the compiled rollout passes its carry, the
     host-env runner the same fields for a gymnasium vector env. `spec.env` is not used.
-
-    `logp_later`: leave `action_logp` out of `extras` where it is the log-probability of
-    the action under the recorded float32 `action_dist_inputs` (module policy modes with
-    `spec.record_action_dist_inputs`), for a caller that derives it from them after the
-    rollout (`SingleAgentLayout.decode`): no per-step kernel for it.
     """
     check_policy_mode(mode)
     module = spec.module
@@ -178,10 +169,8 @@ def make_act_fn(spec: RolloutSpec, mode: str, *, logp_later: bool = False
                 dist_inputs = masked_logits(dist_inputs, action_mask)
             dist = module.action_dist(dist_inputs)
             actions = dist.sample(key) if mode == "explore" else dist.deterministic_sample()
-            extras = {"action_dist_inputs": dist_inputs.astype(jnp.float32)}
-            if not (logp_later and spec.record_action_dist_inputs
-                    and dist_inputs.dtype == jnp.float32):
-                extras["action_logp"] = dist.logp(actions).astype(jnp.float32)
+            extras = {"action_logp": dist.logp(actions).astype(jnp.float32),
+                      "action_dist_inputs": dist_inputs.astype(jnp.float32)}
             if stateful:
                 module_state = out["state_out"]
                 extras["state_out"] = module_state
@@ -206,111 +195,33 @@ def action_mask_fn(env: Any, action_space: Any) -> Callable | None:
     return jax.vmap(env.action_mask, in_axes=(0, None))
 
 
-# Bits of `StepRecord.flags`.
-TERMINATED_BIT, TRUNCATED_BIT, FAILED_BIT = 1, 2, 4
-
-
-@struct.dataclass
-class StepRecord:
-    """The single-agent layout's per-step record inside the scan (`(B, ...)`; `(T, B, ...)`
-    in the chunk's buffers), decoded into the public `Trajectory` after the scan
-    (`SingleAgentLayout.decode`): the episode's terminated / truncated flags and the
-    failure flag packed into one uint8 (`TERMINATED_BIT`, `TRUNCATED_BIT`, `FAILED_BIT`),
-    and no extra model output that the decode derives or fills in."""
-
-    obs: Any
-    actions: jax.Array
-    rewards: jax.Array  # float32
-    flags: jax.Array  # uint8
-    final_obs_store: Any  # the final observations (B, ...) until the row store takes them
-    extra_model_outputs: dict
-    valid: jax.Array | None
-
-    @property
-    def done(self) -> jax.Array:
-        """bool: the episode terminated or was truncated."""
-        return (self.flags & (TERMINATED_BIT | TRUNCATED_BIT)) != 0
-
-    @property
-    def ended(self) -> jax.Array:
-        """bool: the episode ended (done or failed)."""
-        return self.flags != 0
-
-
-def pack_flags(terminated: jax.Array, truncated: jax.Array, failed: jax.Array) -> jax.Array:
-    """The three `(B,)` bool flags as one `(B,)` uint8 (`StepRecord.flags`)."""
-    bit = lambda x, b: x.astype(jnp.uint8) * jnp.uint8(b)  # noqa: E731
-    return bit(terminated, TERMINATED_BIT) | bit(truncated, TRUNCATED_BIT) | bit(failed,
-                                                                                FAILED_BIT)
-
-
 class _FinalObsRows:
-    """The single-agent layout's `row_store`: the per-step record carries the final
-    observation in `final_obs_store`, which goes into the chunk's `FinalObsStore` (only the
-    steps that ended an episode, plus the last step) instead of a `(T, B)` output.
+    """The single-agent layout's `row_store`: the per-step record carries `(ended,
+    final_obs)` in `final_obs_store`, which goes into the chunk's `FinalObsStore` (only the
+    steps that ended an episode, plus the last step) instead of the `(T, B)` buffers."""
 
-    Small vector steps' final observations (`core.final_obs.dense_write`) stay in the
-    record, so the scan writes them into a `(T, B)` buffer like the observations, and
-    `finish` compacts the buffer into the store; larger ones are scattered into the
-    store's rows inside the scan."""
+    def __init__(self, num_envs: int, slots: int):
+        self.writer = FinalObsWriter(num_envs, slots)
 
-    def __init__(self, num_envs: int, slots: int, chunk_len: int):
-        self.writer = FinalObsWriter(num_envs, slots, chunk_len)
-
-    def init(self, record_shape: StepRecord):
-        if dense_write(record_shape.final_obs_store):
-            return self.writer.init_count()
-        return self.writer.init(record_shape.final_obs_store)
+    def init(self, record_shape: Trajectory):
+        _, final_obs = record_shape.final_obs_store
+        return self.writer.init(final_obs)
 
     @staticmethod
-    def strip(record: StepRecord) -> StepRecord:
-        if dense_write(record.final_obs_store):
-            return record
+    def strip(record: Trajectory) -> Trajectory:
         return record.replace(final_obs_store=None)
 
-    def write(self, state, record: StepRecord):
-        if dense_write(record.final_obs_store):
-            return self.writer.count(state, record.ended), record
-        return (self.writer.write(state, record.ended, record.final_obs_store),
-                self.strip(record))
+    def write(self, state, record: Trajectory):
+        ended, final_obs = record.final_obs_store
+        return self.writer.write(state, ended, final_obs), self.strip(record)
 
     def room(self, state):
         return self.writer.room(state)
 
     def finish(self, state, traj: Trajectory, carry: RolloutCarry) -> Trajectory:
-        if not isinstance(state, StoreState):  # written densely
-            ended = traj.terminated | traj.truncated | traj.failed
-            steps_taken = jnp.sum(traj.valid.astype(jnp.int32))
-            return traj.replace(final_obs_store=self.writer.compact(
-                ended, traj.final_obs_store, steps_taken, carry.obs))
         last = jnp.maximum(state.t - 1, 0)
         ended = traj.terminated[last] | traj.truncated[last] | traj.failed[last]
         return traj.replace(final_obs_store=self.writer.finish(state, ended, carry.obs))
-
-
-def _context_fields(carry: RolloutCarry, actions: jax.Array, ended: jax.Array,
-                    reward: jax.Array) -> dict:
-    """The carry's `is_first`, `prev_action`, `prev_reward` after a step (`(B, ...)`)."""
-    return dict(is_first=ended, prev_action=actions.astype(carry.prev_action.dtype),
-                prev_reward=jnp.where(ended, jnp.float32(0.0), reward))
-
-
-def _reads_context(act: Callable, params: Any, carry: RolloutCarry, key: jax.Array,
-                   mask: Any) -> bool:
-    """Whether `act` (`make_act_fn`'s) reads the carry's `is_first`, `prev_action` or
-    `prev_reward` (connectors' `ConnectorContext`, a recurrent module's state reset): a
-    trace of `act` with those three as its inputs, where any equation or output taking
-    one counts as reading it."""
-    def with_context(fields):
-        is_first, prev_action, prev_reward = fields
-        return act(params, carry.replace(is_first=is_first, prev_action=prev_action,
-                                         prev_reward=prev_reward), key, mask)
-
-    jaxpr = jax.make_jaxpr(with_context)(
-        (carry.is_first, carry.prev_action, carry.prev_reward)).jaxpr
-    inputs = {id(var) for var in jaxpr.invars}
-    return (any(id(var) in inputs for eqn in jaxpr.eqns for var in eqn.invars)
-            or any(id(var) in inputs for var in jaxpr.outvars))
 
 
 class SingleAgentLayout:
@@ -325,14 +236,11 @@ class SingleAgentLayout:
             check_partial_autoreset_env(spec.env)
         self.spec = spec
         self.step_fns = gymnax_step_fns(spec.env)
-        self._act = make_act_fn(spec, mode, logp_later=True)
-        # Whether the policy step reads is_first / prev_action / prev_reward (traced once;
-        # if not, they are set after the scan).
-        self._reads_context: bool | None = None
+        self._act = make_act_fn(spec, mode)
         self._action_mask = action_mask_fn(spec.env, spec.action_space)
         num_envs = spec.num_envs
         self.row_store = _FinalObsRows(num_envs, slots_for(
-            num_envs, spec.chunk_len, spec.final_obs_slots_per_env), spec.chunk_len)
+            num_envs, spec.chunk_len, spec.final_obs_slots_per_env))
         # Extra model outputs that are constants in this mode: filled in after the scan
         # instead of written at every step (random actions: zero distribution inputs and,
         # without an action mask, the uniform log-probability).
@@ -371,8 +279,6 @@ class SingleAgentLayout:
         mask = None
         if self._action_mask is not None:  # the env says which actions are legal
             mask = self._action_mask(carry.env_state, env_params)
-        if self._reads_context is None:
-            self._reads_context = _reads_context(self._act, params, carry, key, mask)
         actions, env_actions, extras, connector_state, module_state = self._act(
             params, carry, key, mask)
         return env_actions, (actions, extras, connector_state, module_state)
@@ -387,15 +293,19 @@ class SingleAgentLayout:
         actions, extras, connector_state, module_state = acted
         extras = {k: v for k, v in extras.items() if k not in self._constant_extras}
         ended = step.ended
-        fields = dict(connector_state=connector_state,  # the rest: fields_after_scan
-                      module_state=module_state)
-        if self._reads_context:
-            fields.update(_context_fields(carry, actions, ended, step.reward))
-        record = StepRecord(
+        fields = dict(
+            episode_return=jnp.where(ended, 0.0, carry.episode_return + step.reward),
+            is_first=ended,
+            prev_action=actions.astype(carry.prev_action.dtype),
+            prev_reward=jnp.where(ended, 0.0, step.reward),
+            connector_state=connector_state,
+            module_state=module_state)
+        record = Trajectory(
             obs=carry.obs, actions=actions, rewards=step.reward,
-            flags=pack_flags(step.all_terminated, step.all_truncated, step.failed),
-            final_obs_store=step.final_obs, extra_model_outputs=extras,
-            valid=jnp.ones((), jnp.bool_))
+            terminated=step.all_terminated, truncated=step.all_truncated,
+            final_obs_store=(step.ended, step.final_obs), extra_model_outputs=extras,
+            episode_return=None,
+            episode_len=None, failed=step.failed, valid=jnp.ones((), jnp.bool_))
         return fields, record
 
     @staticmethod
@@ -408,8 +318,8 @@ class SingleAgentLayout:
                                              if k != "state_out"})
 
     @staticmethod
-    def record_counts(record: StepRecord):
-        return jnp.sum(record.done.astype(jnp.int32)), None
+    def record_counts(record: Trajectory):
+        return jnp.sum((record.terminated | record.truncated).astype(jnp.int32)), None
 
     @staticmethod
     def begin_chunk(carry, call_step_offset):
@@ -417,12 +327,8 @@ class SingleAgentLayout:
 
     def _with_constant_extras(self, extras: dict, steps: tuple, valid=None) -> dict:
         """`extras` plus this mode's constant ones, `steps + (B, ...)` float32 (zeros
-        where `valid` `steps` is False, as the buffers of steps not taken), and, as a
-        shape only (`valid` None), `action_logp` where the decode derives it."""
+        where `valid` `steps` is False, as the buffers of steps not taken)."""
         extras = dict(extras)
-        if valid is None and self._logp_later(extras):
-            extras["action_logp"] = jax.ShapeDtypeStruct((*steps, self.spec.num_envs),
-                                                         jnp.float32)
         for name, (shape, value) in self._constant_extras.items():
             full = (*steps, self.spec.num_envs, *shape)
             if valid is None:
@@ -432,55 +338,11 @@ class SingleAgentLayout:
                                          jnp.float32(value), jnp.zeros(full, jnp.float32))
         return extras
 
-    def _logp_later(self, extras: dict) -> bool:
-        """The step left `action_logp` to the decode (`make_act_fn(logp_later=True)`)."""
-        return "action_logp" not in extras and "action_logp" not in self._constant_extras
-
-    def _derived_logp(self, records: StepRecord) -> jax.Array:
-        """(T, B) float32 `action_logp`: the log-probability of each recorded action under
-        its recorded `action_dist_inputs` (zeros at steps not taken)."""
-        inputs = records.extra_model_outputs["action_dist_inputs"]
-        steps = inputs.shape[:2]
-        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
-        logp = self.spec.module.action_dist(flat(inputs)).logp(flat(records.actions))
-        logp = logp.astype(jnp.float32).reshape(steps)
-        return jnp.where(records.valid[:, None], logp, jnp.float32(0.0))
-
-    def decode(self, records: StepRecord, start) -> Trajectory:
-        """The public `Trajectory` of the chunk's `(T, B)` records: flags unpacked,
-        derived and constant extra model outputs filled in."""
-        extras = dict(records.extra_model_outputs)
-        if self._logp_later(extras):
-            extras["action_logp"] = self._derived_logp(records)
-        if self._constant_extras:
-            extras = self._with_constant_extras(extras, records.valid.shape, records.valid)
-        flags = records.flags
-        return Trajectory(
-            obs=records.obs, actions=records.actions, rewards=records.rewards,
-            terminated=(flags & TERMINATED_BIT) != 0, truncated=(flags & TRUNCATED_BIT) != 0,
-            final_obs_store=records.final_obs_store, extra_model_outputs=extras,
-            episode_return=None, episode_len=None, failed=(flags & FAILED_BIT) != 0,
-            valid=records.valid)
-
-    def fields_after_scan(self, start: RolloutCarry, traj: Trajectory, steps_taken) -> dict:
-        """The counters the step does not update (see `core.chunk`); the running episode
-        return: the rewards after each sub-env's last episode end (plus the return at the
-        chunk's start where no episode ended); and, where the policy step does not read
-        them, the previous action and reward and `is_first`, from the last step taken."""
-        ended = traj.terminated | traj.truncated | traj.failed
-        fields, last_end = counters_after_scan(start, ended, traj.failed, traj.valid,
-                                               steps_taken)
-        steps = jnp.arange(traj.valid.shape[0], dtype=jnp.int32)[:, None]
-        current = (steps > last_end[None, :]) & traj.valid[:, None]
-        fields["episode_return"] = (
-            jnp.sum(jnp.where(current, traj.rewards, jnp.float32(0.0)), axis=0)
-            + jnp.where(last_end < 0, start.episode_return, jnp.float32(0.0)))
-        if not self._reads_context:
-            last = jnp.maximum(steps_taken - 1, 0)
-            after = _context_fields(start, traj.actions[last], ended[last], traj.rewards[last])
-            fields.update(jax.tree.map(lambda new, old: jnp.where(steps_taken > 0, new, old),
-                                       after, {k: getattr(start, k) for k in after}))
-        return fields
+    def decode(self, records: Trajectory, start) -> Trajectory:
+        if not self._constant_extras:
+            return records
+        return records.replace(extra_model_outputs=self._with_constant_extras(
+            records.extra_model_outputs, records.valid.shape, records.valid))
 
     @staticmethod
     def ring_input(traj: Trajectory) -> RingInput:
@@ -491,7 +353,7 @@ class SingleAgentLayout:
     def after_ring(carry, traj, start, update):
         return carry
 
-    def init_lookback(self, record: StepRecord) -> Lookback:
+    def init_lookback(self, record: Trajectory) -> Lookback:
         zeros = lambda tree: zeros_like_steps(tree, self.spec.lookback_len)  # noqa: E731
         return Lookback(obs=zeros(record.obs), actions=zeros(record.actions),
                         rewards=zeros(record.rewards),
@@ -522,8 +384,7 @@ def make_rollout_fns(spec: RolloutSpec, mode: str) -> ChunkFns:
 
 
 __all__ = ["AUTORESET_MODES", "ChunkInfo", "FAILURE_INFO_KEY", "NO_EPISODE_LIMIT",
-           "POLICY_MODES", "RolloutFns", "RolloutSpec", "SingleAgentLayout", "StepRecord",
-           "action_mask_fn", "pack_flags",
+           "POLICY_MODES", "RolloutFns", "RolloutSpec", "SingleAgentLayout", "action_mask_fn",
            "random_legal_actions",
            "check_partial_autoreset_env", "make_act_fn", "make_rollout_fns",
            "mark_step_failed", "rank_positions", "sample_action_space", "scan_while",
