@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
+import tempfile
 
 # The whole test run (this process, pytest-xdist's workers, and what they start: Ray
 # actors and CLI subprocesses inherit the environment) compiles without LLVM's expensive
@@ -19,11 +21,30 @@ import os
 # before JAX is imported; a value the caller set wins.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
+# One persistent XLA compilation cache for the whole run: many tests (in both pytest-xdist
+# workers, their CLI subprocesses, Ray actors and notebook kernels, which all inherit the
+# environment) build runners of the same small configs, and a program compiled once is
+# then loaded instead of compiled again (a quarter of the run time on a 2-core CPU). The
+# directory is new for each run, so every run (CI's too) starts cold and its time is
+# reproducible; the process that made it removes it at the end. A directory the caller set
+# wins (set one to keep compiled programs between runs).
+_RUN_CACHE_DIR = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _RUN_CACHE_DIR = tempfile.mkdtemp(prefix="jaxrunner-tests-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _RUN_CACHE_DIR
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import jaxrunner  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    if _RUN_CACHE_DIR is not None:  # only in the process that made it
+        shutil.rmtree(_RUN_CACHE_DIR, ignore_errors=True)
 
 
 def make_config(env="CartPole-v1", *, num_envs: int = 2, fragment: int = 8,

@@ -24,10 +24,12 @@ from jaxrunner.connectors.env_to_module import MeanStdFilter
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-#: Restarted runners load their compiled rollout from here instead of recompiling.
+#: Restarted runners load their compiled rollout from here instead of recompiling: the
+#: test run's cache (tests/conftest.py), else one of their own.
 COMPILE_CACHE_ENV = {
-    "JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(),
-                                              "jaxrunner-distributed-tests-xla-cache"),
+    "JAX_COMPILATION_CACHE_DIR": os.environ.get(
+        "JAX_COMPILATION_CACHE_DIR",
+        os.path.join(tempfile.gettempdir(), "jaxrunner-distributed-tests-xla-cache")),
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }

@@ -267,7 +267,10 @@ def test_check_sample_args__accepts_what_the_runner_accepts():
         assert check_sample_args(**kwargs) is None
 
 
-def test_actor_options__jax_platform_memory_flags_and_restarts():
+def test_actor_options__jax_platform_memory_flags_and_restarts(monkeypatch):
+    # Without a compilation cache in the driver (the test run has one: tests/conftest.py).
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+        monkeypatch.delenv(name, raising=False)
     options = actor_options(small_config(num_cpus_per_env_runner=2))
     assert options["num_cpus"] == 2 and options["num_gpus"] == 0
     assert options["runtime_env"]["env_vars"] == {
