@@ -134,6 +134,18 @@ class ChunkFns(NamedTuple):
     bound_callbacks: Callable[..., Any] | None = None
 
 
+def initial_counters(num_envs: int, metrics_window: int) -> dict[str, Any]:
+    """The counters every layout's carry starts with: per sub-env `(B,)` int32 episode
+    count, episode length and consecutive failures (zeros), the uint32 vector-step counter
+    and an empty metric ring of `metrics_window` episodes. The host-env engine starts its
+    carry from the same values."""
+    return dict(episode_count=jnp.zeros((num_envs,), jnp.int32),
+                episode_len=jnp.zeros((num_envs,), jnp.int32),
+                consecutive_failures=jnp.zeros((num_envs,), jnp.int32),
+                vector_step=jnp.zeros((), jnp.uint32),
+                metrics=MetricRegisters.create(metrics_window))
+
+
 def make_chunk_fns(layout: Any) -> ChunkFns:
     """Builds the pure rollout functions of `layout` (already bound to a policy mode)."""
     spec = layout.spec
@@ -152,11 +164,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         obs, env_state = reset_all(reset_key, env_params)
         carry = layout.carry_cls(
             env_state=env_state, obs=obs, key=key,
-            episode_count=jnp.zeros((num_envs,), jnp.int32),
-            episode_len=jnp.zeros((num_envs,), jnp.int32),
-            consecutive_failures=jnp.zeros((num_envs,), jnp.int32),
-            vector_step=jnp.zeros((), jnp.uint32),
-            metrics=MetricRegisters.create(spec.metrics_window),
+            **initial_counters(num_envs, spec.metrics_window),
             **layout.init_fields(layout_key, obs, env_state, params, env_params))
         if callbacks is not None:
             carry = carry.replace(callbacks=bound_callbacks(carry, params, env_params).init(obs))

@@ -36,6 +36,24 @@ from jaxrunner.modules.distributions import masked_logits, sample_legal
 RolloutFns = ChunkFns
 
 
+def zero_actions(action_space: Any, num_envs: int) -> jax.Array:
+    """A `(B, ...)` batch of zero actions in the dtype `action_space`'s actions have."""
+    action = jax.eval_shape(lambda k: sample_action_space(action_space, k, num_envs),
+                            jax.random.key(0))
+    return jnp.zeros(action.shape, action.dtype)
+
+
+def episode_start_fields(num_envs: int, prev_action: jax.Array) -> dict[str, jax.Array]:
+    """The single-agent carry's per-episode fields at the start of every sub-env's episode:
+    `(B,)` float32 zero running return and previous reward, `(B,)` bool `is_first` (all
+    True) and zero previous actions shaped and typed as `prev_action`. The compiled chunk
+    and the host-env engine start (and restart) their carries from these."""
+    return dict(episode_return=jnp.zeros((num_envs,), jnp.float32),
+                is_first=jnp.ones((num_envs,), jnp.bool_),
+                prev_action=jnp.zeros(prev_action.shape, prev_action.dtype),
+                prev_reward=jnp.zeros((num_envs,), jnp.float32))
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutSpec:
     """Static description of a single-agent rollout (everything that keys the compile
@@ -258,21 +276,14 @@ class SingleAgentLayout:
 
     def init_fields(self, key, obs, env_state, params, env_params) -> dict:
         num_envs = self.spec.num_envs
-        action = sample_action_space(self.spec.action_space, jax.random.key(0), num_envs)
         return dict(
-            episode_return=jnp.zeros((num_envs,), jnp.float32),
-            is_first=jnp.ones((num_envs,), jnp.bool_),
-            prev_action=jnp.zeros_like(action),
-            prev_reward=jnp.zeros((num_envs,), jnp.float32),
+            **episode_start_fields(num_envs, zero_actions(self.spec.action_space, num_envs)),
             connector_state=(self.spec.env_to_module.init_state(num_envs),
                              self.spec.module_to_env.init_state(num_envs)),
             module_state=self._initial_module_state())
 
     def reset_fields(self, carry: RolloutCarry, env_params) -> dict:
-        return dict(episode_return=jnp.zeros_like(carry.episode_return),
-                    is_first=jnp.ones_like(carry.is_first),
-                    prev_action=jnp.zeros_like(carry.prev_action),
-                    prev_reward=jnp.zeros_like(carry.prev_reward),
+        return dict(**episode_start_fields(self.spec.num_envs, carry.prev_action),
                     module_state=self._initial_module_state())
 
     def act(self, params, carry: RolloutCarry, key, env_params):

@@ -65,11 +65,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrunner.core.carry import Lookback, MetricRegisters, RolloutCarry, Trajectory
+from jaxrunner.core.carry import Lookback, RolloutCarry, Trajectory
 from jaxrunner.core.final_obs import store_from_dense
 from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, write_ring
-from jaxrunner.core.rollout import (RolloutSpec, SingleAgentLayout, make_act_fn,
-                                    sample_action_space)
+from jaxrunner.core.chunk import initial_counters
+from jaxrunner.core.rollout import (RolloutSpec, SingleAgentLayout, episode_start_fields,
+                                    make_act_fn, zero_actions)
 from jaxrunner.envs.gymnasium_env import RESTART_HINT, HostEnvSource, create_with_retries
 from jaxrunner.envs.spaces import action_dtype
 from jaxrunner.episodes.batch import EpisodeBatch
@@ -456,21 +457,16 @@ class HostEnvEngine:
             params: the module's params.
         """
         num_envs = self.settings.num_envs
-        action = jax.eval_shape(lambda k: sample_action_space(self.action_space, k, num_envs),
-                                jax.random.key(0))
+        prev_action = zero_actions(self.action_space, num_envs)  # stays on the device
+        # The compiled chunk's initial values; the counters the engine updates in numpy
+        # come to the host.
+        start = jax.device_get({**initial_counters(num_envs, self.settings.metrics_window),
+                                **episode_start_fields(num_envs, prev_action)})
         carry = RolloutCarry(
             env_state=(), obs=self.obs_zeros(), key=key,
-            episode_count=np.zeros((num_envs,), np.int32),
-            episode_len=np.zeros((num_envs,), np.int32),
-            episode_return=np.zeros((num_envs,), np.float32),
-            is_first=np.ones((num_envs,), np.bool_),
-            prev_action=jax.device_put(np.zeros(action.shape, action.dtype)),
-            prev_reward=np.zeros((num_envs,), np.float32),
+            **{**start, "prev_action": prev_action},
             connector_state=policy.initial_connector_state,
             module_state=policy.initial_module_state,
-            consecutive_failures=np.zeros((num_envs,), np.int32),
-            vector_step=np.uint32(0),
-            metrics=jax.device_get(MetricRegisters.create(self.settings.metrics_window)),
         )
         _, (actions, _, extras) = jax.eval_shape(
             policy.step, params, self._policy_state(carry), carry.obs, carry.is_first,
