@@ -16,9 +16,9 @@ import tempfile
 # The whole test run (this process, pytest-xdist's workers, and what they start: Ray
 # actors and CLI subprocesses inherit the environment) compiles without LLVM's expensive
 # passes: compile time dominates most tests on a 2-core CPU, and the programs then run
-# slower, which no test notices (none times anything). Notebook kernels are started
-# without it (tests/notebook_helpers.py): they train, so their run time dominates. Set
-# before JAX is imported; a value the caller set wins.
+# slower, which no test notices (none times anything). Notebook kernels inherit it too:
+# at the small sizes the tests run them (tests/notebook_helpers.py), their compiles
+# dominate as well. Set before JAX is imported; a value the caller set wins.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 # One persistent XLA compilation cache for the whole run: many tests (in both pytest-xdist
