@@ -3,8 +3,6 @@ RLlib's two Ray metrics counters of an env runner."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
@@ -98,37 +96,90 @@ def test_ray_counters_with_rllib_names_and_tag(monkeypatch):
     runner.stop()
 
 
-@pytest.mark.slow
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _exported_counters(port: int) -> dict[tuple[str, str], float]:
+    """Ray's Prometheus export on `port`, summed over worker processes:
+    `{(counter name, rllib tag): value}` for RLlib's two env runner counters."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    totals: dict[tuple[str, str], float] = {}
+    names = {f"ray_{name}": name for name in (dmetrics.TRY_ENV_STEP_COUNTER,
+                                              dmetrics.ENV_STEPS_SAMPLED_COUNTER)}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            name = names.get(sample.name.removesuffix("_total"))
+            if name is not None and sample.name.endswith("_total"):
+                key = (name, sample.labels.get("rllib"))
+                totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
 @pytest.mark.ray
-def test_ray_counters_in_a_real_ray_instance():
-    """A runner in a process with a real local Ray instance registers and increments the
-    real `ray.util.metrics.Counter`s. (Reading them back from Ray's Prometheus export
-    needs Ray's metrics agent, which a minimal `ray` install has not: the increments are
-    read at the counters' API.)"""
+def test_ray_counters_in_rays_prometheus_export(monkeypatch):
+    """In a real local Ray instance, runners in the driver (single- and multi-agent) and in
+    a group's actor increment RLlib's two counters; Ray's metrics agent exports them to
+    Prometheus (`ray_<name>_total{rllib=<runner class>}`) with the runners' lifetime counts."""
+    import time
+
     import ray
-    from ray.util import metrics as ray_metrics
+    import ray._private.utils
 
-    seen: dict = {}
-    original = ray_metrics.Counter.inc
+    import distributed_helpers as helpers
+    from jaxrunner.distributed.env_runner_group import init_ray
 
-    def spy(self, value=1.0, tags=None):
-        seen[self._name] = seen.get(self._name, 0) + value
-        return original(self, value, tags)
-
-    ray.init(num_cpus=2, include_dashboard=False)
+    assert ray._private.utils.get_dashboard_dependency_error() is None, (
+        "Ray's metrics agent needs ray[default] (the dev extra installs it)")
+    monkeypatch.setenv("RAY_metrics_report_interval_ms", "500")  # default 10 s
+    port = _free_port()
+    init_ray(num_cpus=2, include_dashboard=False, _metrics_export_port=port)
     try:
-        ray_metrics.Counter.inc = spy
-        runner = jaxrunner.SingleAgentEnvRunner(config=make_config(num_envs=2, fragment=4))
+        single = jaxrunner.SingleAgentEnvRunner(config=make_config(num_envs=2, fragment=4))
         for _ in range(3):
-            runner.sample()
-        lifetime = runner.get_metrics()["num_env_steps_sampled_lifetime"]
-        assert seen[dmetrics.ENV_STEPS_SAMPLED_COUNTER] == lifetime == 24
-        assert seen[dmetrics.TRY_ENV_STEP_COUNTER] == 12
-        runner.stop()
+            single.sample()
+        multi = jaxrunner.MultiAgentEnvRunner(config=(
+            make_config("MultiAgentCartPole-v1", num_envs=2, fragment=5)
+            .environment("MultiAgentCartPole-v1", env_config={"num_agents": 2})))
+        multi.sample()
+        multi.sample(num_timesteps=7)
+        group = jaxrunner.EnvRunnerGroup(
+            config=make_config(num_envs=3, fragment=6, num_env_runners=1,
+                               num_cpus_per_env_runner=0.5, sample_timeout_s=600.0),
+            actor_options=helpers.actor_options())
+        group.sample()
+        group.sample()
+        remote_steps = group.get_metrics()["num_env_steps_sampled_lifetime"]
+        assert remote_steps == 2 * 3 * 6
+        local_steps = single.get_metrics()["num_env_steps_sampled_lifetime"]
+        multi_steps = multi.get_metrics()["num_env_steps_sampled_lifetime"]
+        expected = {
+            (dmetrics.TRY_ENV_STEP_COUNTER, "SingleAgentEnvRunner"): 3 * 4 + 2 * 6,
+            (dmetrics.ENV_STEPS_SAMPLED_COUNTER, "SingleAgentEnvRunner"):
+                local_steps + remote_steps,
+            (dmetrics.TRY_ENV_STEP_COUNTER, "MultiAgentEnvRunner"): 5 + 4,
+            (dmetrics.ENV_STEPS_SAMPLED_COUNTER, "MultiAgentEnvRunner"): multi_steps,
+        }
+        assert local_steps == 24 and multi_steps == 10 + 8
+        deadline = time.monotonic() + 60.0
+        exported = _exported_counters(port)
+        while exported != expected and time.monotonic() < deadline:
+            time.sleep(0.5)
+            exported = _exported_counters(port)
+        assert exported == expected
+        group.stop()
+        single.stop()
+        multi.stop()
     finally:
-        ray_metrics.Counter.inc = original
         ray.shutdown()
-    assert "ray" in sys.modules
 
 
 @pytest.mark.slow
