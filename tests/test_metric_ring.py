@@ -79,9 +79,17 @@ def test_update_registers_equals_a_python_loop(case):
                                  start_episode_len=start_len, start_episode_return=start_ret,
                                  end_episode_len=end_len, steps_in_call=steps_in_call)
 
-    new, got_num, got_len, got_discarded, got_last = jax.jit(update)(
+    got = jax.jit(update)(
         registers, ring, np.int32(limit), start_len, start_ret, end_len.astype(np.int32),
         steps_in_call)
+    new, got_num, got_len, got_discarded, got_last = (
+        got.registers, got.num_counted, got.counted_len, got.discarded, got.last_counted)
+    # The writes' ranks and flat positions (reused by the device callbacks' ring).
+    written = np.asarray(got.write_rank) >= 1
+    assert written.sum() == min(int(got_num), window)
+    ends = (np.asarray(ring.done) & np.asarray(ring.valid)[:, None]).reshape(-1)
+    assert ends[np.asarray(got.write_position)[written]].all()
+    assert (np.diff(np.asarray(got.write_position)[written]) > 0).all()
     assert (int(got_num), int(got_len), int(got_discarded)) == (num, counted_len, discarded)
     assert int(got_last) == last_counted
     size = int(new.window_size)

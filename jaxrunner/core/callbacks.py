@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxrunner.core.ring import RingInput, rank_positions
+from jaxrunner.core.ring import RingInput, RingUpdate, rank_positions
 
 REDUCTIONS = ("mean", "min", "max", "sum")
 
@@ -297,25 +297,35 @@ class DeviceCallbacks:
         return part.replace(state=state), values
 
     def write(self, part: CallbackCarry, ring: RingInput, values: jax.Array,
-              episodes_limit: jax.Array) -> tuple[CallbackCarry, jax.Array]:
+              episodes_limit: jax.Array, episode_ring: RingUpdate | None = None
+              ) -> tuple[CallbackCarry, jax.Array]:
         """Writes the counted episode ends of a chunk (`ring.done` at taken steps, in
         (t, b) order, at most `episodes_limit`, as the metric ring counts them) from
-        `values` `(T, B, K)`; returns the new part and the `(K,)` sum of their values."""
+        `values` `(T, B, K)`; returns the new part and the `(K,)` sum of their values.
+
+        `episode_ring`: the metric ring's update for the same `ring`; when its window is
+        this ring's, its write positions are reused (no second search)."""
         regs = part.registers
         window = regs.values.shape[0]
         done = ring.done & ring.valid[:, None]
-        total = jnp.sum(done.astype(jnp.int32))
-        num_new = jnp.minimum(total, episodes_limit)
-        rank = num_new - window + 1 + jnp.arange(window, dtype=jnp.int32)
-        found = rank_positions(done, jnp.concatenate([rank, num_new[None]]))
+        if (episode_ring is not None and episode_ring.write_rank is not None
+                and episode_ring.write_rank.shape[0] == window):
+            num_new, rank = episode_ring.num_counted, episode_ring.write_rank
+            positions, last_counted = episode_ring.write_position, episode_ring.last_counted
+        else:
+            total = jnp.sum(done.astype(jnp.int32))
+            num_new = jnp.minimum(total, episodes_limit)
+            rank = num_new - window + 1 + jnp.arange(window, dtype=jnp.int32)
+            found = rank_positions(done, jnp.concatenate([rank, num_new[None]]))
+            positions = found[:window]
+            last_counted = jnp.where(num_new > 0, found[window], -1)
         flat = values.reshape((-1, values.shape[-1]))
-        last_counted = jnp.where(num_new > 0, found[window], -1)
         index = jnp.arange(flat.shape[0], dtype=jnp.int32)
         counted = done.reshape(-1) & (index <= last_counted)
         sums = jnp.sum(jnp.where(counted[:, None], flat, 0.0), axis=0)
         slot = jnp.where(rank >= 1, (regs.next + rank - 1) % window, window)
         regs = regs.replace(
-            values=regs.values.at[slot].set(flat[found[:window]], mode="drop"),
+            values=regs.values.at[slot].set(flat[positions], mode="drop"),
             next=(regs.next + num_new) % window,
             size=jnp.minimum(regs.size + num_new, window))
         return part.replace(registers=regs), sums

@@ -330,7 +330,8 @@ def finish_chunk(layout: Any, carry: Any, start: Any, lookback: Any, records: An
     extras = layout.info_extras(start, carry, traj, agent_steps_done)
     if callbacks is not None:
         part, extras["custom_metric_sums"] = callbacks.write(
-            carry.callbacks, layout.ring_input(traj), callback_values, episodes_limit)
+            carry.callbacks, layout.ring_input(traj), callback_values, episodes_limit,
+            episode_ring=update)
         carry = carry.replace(callbacks=part)
     lookback = layout.roll_lookback(lookback, traj, steps_taken)
     failed = traj.failed & traj.valid[:, None]

@@ -46,6 +46,10 @@ class RingUpdate(NamedTuple):
     counted_len: jax.Array  # () int32: their summed lengths
     discarded: jax.Array  # () int32: summed (capped) lengths of failed steps' episodes
     last_counted: jax.Array  # () int32: flat (t, b) index of the last counted end, or -1
+    # (W,) int32: 1-based rank among the chunk's counted episodes of each ring write,
+    # oldest first (< 1: no write), and its flat (t, b) position (clamped where none).
+    write_rank: jax.Array | None = None
+    write_position: jax.Array | None = None
 
 
 def _block_size(num_items: int, num_queries: int) -> int:
@@ -208,7 +212,7 @@ def write_ring(registers: MetricRegisters, ring: RingInput, start_step: jax.Arra
         window_size=jnp.minimum(registers.window_size + num_new, window),
         episodes=registers.episodes + num_new.astype(jnp.uint32),
     )
-    return RingUpdate(new, num_new, counted_len, discarded, last_counted)
+    return RingUpdate(new, num_new, counted_len, discarded, last_counted, rank, position)
 
 
 def write_episodes(registers: MetricRegisters, done: jax.Array, episode_return: jax.Array,
