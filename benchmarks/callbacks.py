@@ -7,7 +7,9 @@ Sides are timed in alternating rounds (`jaxrunner.benchmarking.compare`); the ra
 median of per-round throughput ratios. A third side, a second runner without callbacks
 built the same way (`control`), measures the noise floor: its ratio to the first is what
 the measurement reads for two identical programs. The machine's load average is recorded:
-on a shared machine wall times are noisy.
+on a shared machine wall times are noisy. `XLA_FLAGS` is recorded: the callback's cost
+depends on XLA:CPU's scheduler (see docs/callbacks.md "Speed"), e.g.
+`XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false`.
 
     python benchmarks/callbacks.py [--num-envs 4096] [--steps 128] [--rounds 20]
                                    [--calls-per-round 4]
@@ -109,6 +111,7 @@ def main(argv=None) -> int:
         "note": (f"2-core machine, load average {load_before[0]:.1f} before and "
                  f"{load_after[0]:.1f} after (1-minute)"),
         "machine": machine_info(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     for runner in (plain, with_cb, control):
         runner.stop()
