@@ -85,11 +85,11 @@ def test_update_registers_equals_a_python_loop(case):
     new, got_num, got_len, got_discarded, got_last = (
         got.registers, got.num_counted, got.counted_len, got.discarded, got.last_counted)
     # The writes' ranks and flat positions (reused by the device callbacks' ring).
-    written = np.asarray(got.write_rank) >= 1
+    written = np.asarray(got.writes.rank) >= 1
     assert written.sum() == min(int(got_num), window)
     ends = (np.asarray(ring.done) & np.asarray(ring.valid)[:, None]).reshape(-1)
-    assert ends[np.asarray(got.write_position)[written]].all()
-    assert (np.diff(np.asarray(got.write_position)[written]) > 0).all()
+    assert ends[np.asarray(got.writes.position)[written]].all()
+    assert (np.diff(np.asarray(got.writes.position)[written]) > 0).all()
     assert (int(got_num), int(got_len), int(got_discarded)) == (num, counted_len, discarded)
     assert int(got_last) == last_counted
     size = int(new.window_size)

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxrunner.core.ring import RingInput, RingUpdate, rank_positions
+from jaxrunner.core.ring import RingInput, RingUpdate, locate_writes
 
 REDUCTIONS = ("mean", "min", "max", "sum")
 
@@ -308,17 +308,10 @@ class DeviceCallbacks:
         regs = part.registers
         window = regs.values.shape[0]
         done = ring.done & ring.valid[:, None]
-        if (episode_ring is not None and episode_ring.write_rank is not None
-                and episode_ring.write_rank.shape[0] == window):
-            num_new, rank = episode_ring.num_counted, episode_ring.write_rank
-            positions, last_counted = episode_ring.write_position, episode_ring.last_counted
-        else:
-            total = jnp.sum(done.astype(jnp.int32))
-            num_new = jnp.minimum(total, episodes_limit)
-            rank = num_new - window + 1 + jnp.arange(window, dtype=jnp.int32)
-            found = rank_positions(done, jnp.concatenate([rank, num_new[None]]))
-            positions = found[:window]
-            last_counted = jnp.where(num_new > 0, found[window], -1)
+        writes = (episode_ring.writes if episode_ring is not None
+                  and episode_ring.writes.rank.shape[0] == window
+                  else locate_writes(done, window, episodes_limit))
+        _, num_new, rank, positions, last_counted = writes
         flat = values.reshape((-1, values.shape[-1]))
         index = jnp.arange(flat.shape[0], dtype=jnp.int32)
         counted = done.reshape(-1) & (index <= last_counted)

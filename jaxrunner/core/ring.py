@@ -46,10 +46,29 @@ class RingUpdate(NamedTuple):
     counted_len: jax.Array  # () int32: their summed lengths
     discarded: jax.Array  # () int32: summed (capped) lengths of failed steps' episodes
     last_counted: jax.Array  # () int32: flat (t, b) index of the last counted end, or -1
-    # (W,) int32: 1-based rank among the chunk's counted episodes of each ring write,
-    # oldest first (< 1: no write), and its flat (t, b) position (clamped where none).
-    write_rank: jax.Array | None = None
-    write_position: jax.Array | None = None
+    writes: "RingWrites"  # where the ring's writes came from (reused by other rings)
+
+
+class RingWrites(NamedTuple):
+    """Which of a chunk's episode ends a ring of `W` slots writes (`locate_writes`)."""
+
+    total: jax.Array  # () int32: episode ends at taken steps
+    num_new: jax.Array  # () int32: of those, the ones that count (at most the limit)
+    rank: jax.Array  # (W,) int32: 1-based rank of each write, oldest first (< 1: none)
+    position: jax.Array  # (W,) int32: flat (t, b) index of each write (clamped if none)
+    last_counted: jax.Array  # () int32: flat index of the last counted end, or -1
+
+
+def locate_writes(done: jax.Array, window: int, episodes_limit: jax.Array) -> RingWrites:
+    """The writes of a `window`-slot ring from a chunk's `(T, B)` bool episode ends at
+    taken steps, counted in (t, b) order up to `episodes_limit`: only the last `window`
+    counted ends survive, so one `rank_positions` search finds them and the last one."""
+    total = jnp.sum(done.astype(jnp.int32))
+    num_new = jnp.minimum(total, episodes_limit)
+    rank = num_new - window + 1 + jnp.arange(window, dtype=jnp.int32)
+    found = rank_positions(done, jnp.concatenate([rank, num_new[None]]))
+    return RingWrites(total, num_new, rank, found[:window],
+                      jnp.where(num_new > 0, found[window], -1))
 
 
 def _block_size(num_items: int, num_queries: int) -> int:
@@ -165,15 +184,9 @@ def write_ring(registers: MetricRegisters, ring: RingInput, start_step: jax.Arra
     window = registers.window_return.shape[0]
     valid = ring.valid[:, None]
     done = ring.done & valid  # (T, B)
-    total = jnp.sum(done.astype(jnp.int32))
-    num_new = jnp.minimum(total, episodes_limit)
-    # 1-based rank (among this chunk's counted episodes) of each ring write, oldest first.
-    rank = num_new - window + 1 + jnp.arange(window, dtype=jnp.int32)
+    writes = locate_writes(done, window, episodes_limit)
+    total, num_new, rank, position, last_counted = writes
     written = rank >= 1
-    # One search for the W ring ranks and the last counted episode's rank.
-    found = rank_positions(done, jnp.concatenate([rank, num_new[None]]))
-    position = found[:window]
-    last_counted = jnp.where(num_new > 0, found[window], -1)
     slot = jnp.where(written, (registers.window_next + rank - 1) % window, window)
     end_step = start_step + (position // num_envs).astype(jnp.uint32) + jnp.uint32(1)
     zero = jnp.zeros((), jnp.int32)
@@ -212,7 +225,7 @@ def write_ring(registers: MetricRegisters, ring: RingInput, start_step: jax.Arra
         window_size=jnp.minimum(registers.window_size + num_new, window),
         episodes=registers.episodes + num_new.astype(jnp.uint32),
     )
-    return RingUpdate(new, num_new, counted_len, discarded, last_counted, rank, position)
+    return RingUpdate(new, num_new, counted_len, discarded, last_counted, writes)
 
 
 def write_episodes(registers: MetricRegisters, done: jax.Array, episode_return: jax.Array,
@@ -230,5 +243,6 @@ def stacked_registers(window: int, count: int) -> MetricRegisters:
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (count,) + x.shape), one)
 
 
-__all__ = ["NO_EPISODE_LIMIT", "RingInput", "RingUpdate", "rank_positions",
+__all__ = ["NO_EPISODE_LIMIT", "RingInput", "RingUpdate", "RingWrites", "locate_writes",
+           "rank_positions",
            "stacked_registers", "write_episodes", "write_ring"]
