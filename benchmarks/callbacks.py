@@ -6,7 +6,8 @@ Target: the callback costs <= 3 % (ratio with/without >= 0.97).
 Sides are timed in alternating rounds (`jaxrunner.benchmarking.compare`); the ratio is the
 median of per-round throughput ratios. A third side, a second runner without callbacks
 built the same way (`control`), measures the noise floor: its ratio to the first is what
-the measurement reads for two identical programs. The machine's load average is recorded:
+the measurement reads for two identical programs. The kernel counts of both compiled
+programs (step-loop fusions, copies, buffer writes) are recorded too. The machine's load average is recorded:
 on a shared machine wall times are noisy. `XLA_FLAGS` is recorded: the callback's cost
 depends on XLA:CPU's scheduler (see docs/callbacks.md "Speed"), e.g.
 `XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false`.
@@ -40,6 +41,21 @@ def max_abs_x_callbacks() -> dict:
                 custom_metrics={"max_abs_x": "max"})
 
 
+def chunk_kernels(num_envs: int, steps: int, callbacks: dict | None) -> dict:
+    """Kernel counts of the compiled sample program (`benchmarks/chunk_lean.kernel_counts`:
+    the step loop's fusions, copies and buffer writes), with or without the callbacks."""
+    import jax
+
+    from chunk_lean import kernel_counts
+    from jaxrunner.sampler import make_sampler
+
+    config = _config(num_envs, steps, callbacks).env_runners(max_chunk_length=steps)
+    sampler = make_sampler(config)
+    state = jax.jit(sampler.init)(sampler.default_key)
+    lowered = jax.jit(lambda s, p: sampler.sample(s, p)).lower(state, sampler.params)
+    return kernel_counts(lowered.compile().as_text())
+
+
 def earlier_runs(path: str) -> list:
     """The runs already in `path` (its `earlier_runs` and the run it holds, newest last),
     kept beside the new one."""
@@ -51,14 +67,18 @@ def earlier_runs(path: str) -> list:
     return runs + [previous]
 
 
-def make_side(num_envs: int, steps: int, callbacks: dict | None):
+def _config(num_envs: int, steps: int, callbacks: dict | None) -> RunnerConfig:
     config = (RunnerConfig().environment("CartPole-v1")
               .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=steps)
               .rl_module(model_config={"fcnet_hiddens": [64, 64]})
               .debugging(seed=0))
     if callbacks:
         config.callbacks(**callbacks)
-    runner = SingleAgentEnvRunner(config=config)
+    return config
+
+
+def make_side(num_envs: int, steps: int, callbacks: dict | None):
+    runner = SingleAgentEnvRunner(config=_config(num_envs, steps, callbacks))
     start = time.perf_counter()
     runner.sample()
     runner.get_metrics()
@@ -112,6 +132,10 @@ def main(argv=None) -> int:
                  f"{load_after[0]:.1f} after (1-minute)"),
         "machine": machine_info(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "kernel_counts": {
+            "no_callbacks": chunk_kernels(args.num_envs, args.steps, None),
+            "one_scalar_callback": chunk_kernels(args.num_envs, args.steps,
+                                                 max_abs_x_callbacks())},
     }
     for runner in (plain, with_cb, control):
         runner.stop()
