@@ -9,7 +9,10 @@ gymnax spaces (`Box(0, n - 1, shape, uint8)` for the grid, `Discrete(n)` for act
 Navix's `step` resets an episode itself when it is given a finished Timestep, from the key
 stored in its state; the adapter never gives it one (gymnax's base `step()` resets first,
 with a fresh key), so every episode starts from its own random reset and keeps its final
-observation. The Timestep's `info` accumulators (Navix's running return) are dropped from
+observation. The adapter therefore steps with Navix's transition, `Environment._step`,
+where the env has it: `step` wraps it in a `lax.cond` on the step type, and under `vmap`
+that cond computes both branches, so every vector step would pay for a second reset (one
+more besides gymnax's) that is never taken. The Timestep's `info` accumulators (Navix's running return) are dropped from
 the state: they would change the state's structure between reset and step.
 
 `env_config` goes to `navix.make(id, **env_config)` (e.g. `{"max_steps": 50}`).
@@ -44,6 +47,9 @@ class NavixEnv(SuiteAdapter):
         self.set_spaces(
             to_gymnax(env.observation_space, what=f"{self.name} observation_space"),
             to_gymnax(env.action_space, what=f"{self.name} action_space"))
+        # Navix's step without its own auto-reset (see the module docstring); an env
+        # without `_step` is stepped through `step`, which never resets here either.
+        self._transition = getattr(env, "_step", None) or env.step
 
     def reset_env(self, key: jax.Array, params: Any):
         del params
@@ -52,7 +58,7 @@ class NavixEnv(SuiteAdapter):
 
     def step_env(self, key: jax.Array, state: SuiteState, action: Any, params: Any):
         del key, params
-        timestep = self.inner.step(state.inner, jnp.asarray(action)).replace(info={})
+        timestep = self._transition(state.inner, jnp.asarray(action)).replace(info={})
         terminated, truncated = split_done(timestep.is_termination(), timestep.is_truncation())
         return (timestep.observation, next_state(state, timestep, truncated),
                 jnp.asarray(timestep.reward, jnp.float32).reshape(()), terminated, {})
