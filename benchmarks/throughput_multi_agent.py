@@ -93,13 +93,15 @@ def make_bare_scan(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[in
 
 
 def make_runner(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
-                env_config: dict, seed: int = 0) -> tuple[Callable[[], None], Callable, Any]:
+                env_config: dict, seed: int = 0, check_finite: bool = True
+                ) -> tuple[Callable[[], None], Callable, Any]:
     env, _, _ = make_multi_agent_env(env_id, EnvContext(env_config))
     policies = {_mapping(a, None) for a in env.agents}
     config = (RunnerConfig().environment(env_id, env_config=env_config)
               .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=num_steps)
               .rl_module(model_config={"fcnet_hiddens": list(hiddens)})
               .multi_agent(policies=policies, policy_mapping_fn=_mapping)
+              .fault_tolerance(check_finite=check_finite)
               .debugging(seed=seed))
     runner = MultiAgentEnvRunner(config=config)
     runner.sample()
@@ -118,6 +120,10 @@ def main() -> None:
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--hiddens", type=int, nargs="+", default=[64, 64])
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--check-finite-off", action="store_true",
+                        help="add a side: the runner with fault_tolerance(check_finite=False) "
+                             "(what the per-step finiteness check of every agent's reward "
+                             "and final observation costs)")
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
                                                          "throughput_multi_agent.json"))
     args = parser.parse_args()
@@ -133,8 +139,14 @@ def main() -> None:
                                   env_config)
         get_metrics()
         env_steps = num_envs * args.num_steps
-        case = compare({"jaxrunner": run_ours, "bare_scan": run_bare}, env_steps,
-                       rounds=args.rounds)
+        sides = {"jaxrunner": run_ours, "bare_scan": run_bare}
+        if args.check_finite_off:
+            sides["jaxrunner_check_finite_off"], _, unchecked = make_runner(
+                args.env, num_envs, args.num_steps, tuple(args.hiddens), env_config,
+                check_finite=False)
+        case = compare(sides, env_steps, rounds=args.rounds)
+        if args.check_finite_off:
+            unchecked.stop()
         metrics = get_metrics()
         agent_steps = sum(metrics["num_agent_steps_sampled"].values())
         agent_per_env = agent_steps / max(1, metrics["num_env_steps_sampled"])
@@ -150,7 +162,9 @@ def main() -> None:
               f"{case['steps_per_s']['jaxrunner']:,.0f} env steps/s "
               f"({case['agent_steps_per_s']['jaxrunner']:,.0f} agent steps/s), bare scan "
               f"{case['steps_per_s']['bare_scan']:,.0f} env steps/s, ratio "
-              f"{case['ratio_to_bare_scan']['jaxrunner']:.3f}")
+              f"{case['ratio_to_bare_scan']['jaxrunner']:.3f}"
+              + (f", check_finite off {case['ratio_to_bare_scan']['jaxrunner_check_finite_off']:.3f}"
+                 if args.check_finite_off else ""))
         runner.stop()
     with open(args.output, "w") as f:
         json.dump(results, f, indent=1)
