@@ -226,6 +226,30 @@ def test_navix__matches_its_own_loop():
     assert any(te for _, te, _ in ends) and any(tr for _, _, tr in ends)
 
 
+def test_navix__step_traces_no_navix_reset():
+    """The adapter steps with Navix's transition: Navix's own `step` wraps it in a
+    `lax.cond` with a reset, which `vmap` would compute at every vector step besides
+    gymnax's own reset."""
+    pytest.importorskip("navix")
+    env, params = adapters.make_suite_env("navix/Navix-Empty-5x5-v0", {})
+    obs, state = env.reset(jax.random.key(0), params)
+    traced = []
+    original_reset = env.inner.reset
+
+    def counting_reset(*args, **kwargs):
+        traced.append(True)
+        return original_reset(*args, **kwargs)
+
+    object.__setattr__(env.inner, "reset", counting_reset)
+    try:
+        jax.make_jaxpr(env.step_env)(jax.random.key(1), state, jnp.int32(2), params)
+        assert not traced, "step_env traced Navix's reset (its auto-reset branch)"
+        jax.make_jaxpr(env.reset_env)(jax.random.key(1), params)
+        assert traced, "the counter is not on the env's reset"
+    finally:
+        object.__delattr__(env.inner, "reset")
+
+
 def test_navix__runner_by_name_partial_autoreset():
     pytest.importorskip("navix")
     runner, episodes, metrics = smoke_sample("navix/Navix-Empty-5x5-v0", {"max_steps": 10},
