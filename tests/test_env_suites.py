@@ -25,7 +25,8 @@ from jaxrunner.envs.multi_agent import MultiAgentEnv
 from jaxrunner.envs.registry import make_jax_env
 from jaxrunner.envs.spaces import MultiDiscrete, action_dtype, to_gymnasium, to_gymnax
 
-from env_suite_helpers import Reference, run_beside_reference, smoke_sample, uniform_choice
+from env_suite_helpers import (Reference, assert_tree_equal, run_beside_reference, smoke_sample,
+                               uniform_choice)
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -248,6 +249,38 @@ def test_navix__step_traces_no_navix_reset():
         assert traced, "the counter is not on the env's reset"
     finally:
         object.__delattr__(env.inner, "reset")
+
+
+def test_navix__fixed_map_resets_reuse_one_rendering_cache(monkeypatch):
+    """A fixed base map's rendering cache is built once: the adapter's auto-resetting step
+    traces no `RenderingCache.init` (it would rebuild it at every vector step), and its
+    resets are bit for bit Navix's own. A random map (DoorKey's wall) keeps rebuilding."""
+    navix = pytest.importorskip("navix")
+    from navix.rendering.cache import RenderingCache
+
+    from jaxrunner.envs.adapters.navix import fixed_rendering_cache
+
+    assert fixed_rendering_cache(navix.make("Navix-DoorKey-5x5-v0")) is None
+    env, params = adapters.make_suite_env("navix/Navix-Empty-5x5-v0", {})
+    own = navix.make("Navix-Empty-5x5-v0")
+    for seed in range(3):
+        obs, state = env.reset(jax.random.key(seed), params)
+        expected = own.reset(jax.random.key(seed))
+        assert_tree_equal(jax.random.key_data(state.inner.state.key),
+                          jax.random.key_data(expected.state.key), "state key")
+        for name, got, want in (("observation", obs, expected.observation),
+                                ("grid", state.inner.state.grid, expected.state.grid),
+                                ("cache", state.inner.state.cache.patches,
+                                 expected.state.cache.patches)):
+            assert_tree_equal(np.asarray(got), np.asarray(want), f"reset {seed}: {name}")
+    built = []
+    original = RenderingCache.init.__func__
+    monkeypatch.setattr(RenderingCache, "init",
+                        classmethod(lambda cls, grid: built.append(1) or original(cls, grid)))
+    jax.make_jaxpr(env.step)(jax.random.key(1), state, jnp.int32(2), params)
+    assert not built, "the auto-resetting step rebuilds Navix's rendering cache"
+    own.reset(jax.random.key(0))
+    assert built, "the counter is not on RenderingCache.init"
 
 
 def test_navix__runner_by_name_partial_autoreset():

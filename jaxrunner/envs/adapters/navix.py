@@ -12,7 +12,15 @@ with a fresh key), so every episode starts from its own random reset and keeps i
 observation. The adapter therefore steps with Navix's transition, `Environment._step`,
 where the env has it: `step` wraps it in a `lax.cond` on the step type, and under `vmap`
 that cond computes both branches, so every vector step would pay for a second reset (one
-more besides gymnax's) that is never taken. The Timestep's `info` accumulators (Navix's running return) are dropped from
+more besides gymnax's) that is never taken.
+
+Navix's `reset(key)` also rebuilds its `RenderingCache` (the rendered background of the
+base map) at every reset unless it is given one, and under gymnax's auto-reset a reset is
+computed at every vector step: that doubled the cost of a step of a small grid. When the
+cache does not depend on the reset key (a fixed base map, as in Empty-5x5; checked on the
+traced program), the adapter computes it once and passes it to every reset, so each reset
+returns exactly what it would have built. Envs whose base map is random (DoorKey's wall,
+...) keep rebuilding it, so their pixels always show the new map. The Timestep's `info` accumulators (Navix's running return) are dropped from
 the state: they would change the state's structure between reset and step.
 
 `env_config` goes to `navix.make(id, **env_config)` (e.g. `{"max_steps": 50}`).
@@ -50,10 +58,15 @@ class NavixEnv(SuiteAdapter):
         # Navix's step without its own auto-reset (see the module docstring); an env
         # without `_step` is stepped through `step`, which never resets here either.
         self._transition = getattr(env, "_step", None) or env.step
+        self._cache = fixed_rendering_cache(env)
 
     def reset_env(self, key: jax.Array, params: Any):
         del params
-        timestep = self.inner.reset(key).replace(info={})
+        if self._cache is None:
+            timestep = self.inner.reset(key)
+        else:
+            timestep = self.inner.reset(key, self._cache)
+        timestep = timestep.replace(info={})
         return timestep.observation, first_state(timestep)
 
     def step_env(self, key: jax.Array, state: SuiteState, action: Any, params: Any):
@@ -62,6 +75,39 @@ class NavixEnv(SuiteAdapter):
         terminated, truncated = split_done(timestep.is_termination(), timestep.is_truncation())
         return (timestep.observation, next_state(state, timestep, truncated),
                 jnp.asarray(timestep.reward, jnp.float32).reshape(()), terminated, {})
+
+
+def fixed_rendering_cache(env: Any) -> Any:
+    """The `RenderingCache` a reset of Navix `env` builds, when it does not depend on the
+    reset key (computed once, as concrete arrays); None when it does, or when the env's
+    state has no cache."""
+    def cache_of(key):
+        return env.reset(key).state.cache
+
+    key = jax.random.key(0)
+    try:
+        traced = jax.make_jaxpr(cache_of)(key)
+    except AttributeError:  # a Navix version whose state has no rendering cache
+        return None
+    if _depends_on_inputs(traced.jaxpr):
+        return None
+    return jax.jit(cache_of)(key)
+
+
+def _depends_on_inputs(jaxpr: Any) -> bool:
+    """Whether any output of `jaxpr` depends on its inputs (an equation with an input that
+    depends on them is taken to make all its outputs depend on them)."""
+    from jax.extend.core import Literal
+
+    depends = set(jaxpr.invars)
+
+    def reads(atoms) -> bool:
+        return any(not isinstance(a, Literal) and a in depends for a in atoms)
+
+    for eqn in jaxpr.eqns:
+        if reads(eqn.invars):
+            depends.update(eqn.outvars)
+    return reads(jaxpr.outvars)
 
 
 def make(env_id: str, env_config: dict) -> tuple[NavixEnv, Any]:
