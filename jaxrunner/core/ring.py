@@ -42,11 +42,19 @@ class RingUpdate(NamedTuple):
     """What `write_ring` returns."""
 
     registers: MetricRegisters
-    num_counted: jax.Array  # () int32: episodes written (at most the limit)
-    counted_len: jax.Array  # () int32: their summed lengths
+    counted_len: jax.Array  # () int32: the counted episodes' summed lengths
     discarded: jax.Array  # () int32: summed (capped) lengths of failed steps' episodes
-    last_counted: jax.Array  # () int32: flat (t, b) index of the last counted end, or -1
     writes: "RingWrites"  # where the ring's writes came from (reused by other rings)
+
+    @property
+    def num_counted(self) -> jax.Array:
+        """() int32: episodes written (at most the limit)."""
+        return self.writes.num_new
+
+    @property
+    def last_counted(self) -> jax.Array:
+        """() int32: flat (t, b) index of the last counted end, or -1."""
+        return self.writes.last_counted
 
 
 class RingWrites(NamedTuple):
@@ -225,7 +233,7 @@ def write_ring(registers: MetricRegisters, ring: RingInput, start_step: jax.Arra
         window_size=jnp.minimum(registers.window_size + num_new, window),
         episodes=registers.episodes + num_new.astype(jnp.uint32),
     )
-    return RingUpdate(new, num_new, counted_len, discarded, last_counted, writes)
+    return RingUpdate(new, counted_len, discarded, writes)
 
 
 def write_episodes(registers: MetricRegisters, done: jax.Array, episode_return: jax.Array,
@@ -244,5 +252,4 @@ def stacked_registers(window: int, count: int) -> MetricRegisters:
 
 
 __all__ = ["NO_EPISODE_LIMIT", "RingInput", "RingUpdate", "RingWrites", "locate_writes",
-           "rank_positions",
-           "stacked_registers", "write_episodes", "write_ring"]
+           "rank_positions", "stacked_registers", "write_episodes", "write_ring"]
