@@ -20,8 +20,10 @@ computed at every vector step: that doubled the cost of a step of a small grid. 
 cache does not depend on the reset key (a fixed base map, as in Empty-5x5; checked on the
 traced program), the adapter computes it once and passes it to every reset, so each reset
 returns exactly what it would have built. Envs whose base map is random (DoorKey's wall,
-...) keep rebuilding it, so their pixels always show the new map. The Timestep's `info` accumulators (Navix's running return) are dropped from
-the state: they would change the state's structure between reset and step.
+...) keep rebuilding it, so their pixels always show the new map.
+
+The Timestep's `info` accumulators (Navix's running return) are dropped from the state:
+they would change the state's structure between reset and step.
 
 `env_config` goes to `navix.make(id, **env_config)` (e.g. `{"max_steps": 50}`).
 """
@@ -32,6 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.extend.core import Literal
 
 from jaxrunner.envs.adapters.base import (SuiteAdapter, SuiteState, construct, first_state,
                                           next_state, split_done)
@@ -62,11 +65,8 @@ class NavixEnv(SuiteAdapter):
 
     def reset_env(self, key: jax.Array, params: Any):
         del params
-        if self._cache is None:
-            timestep = self.inner.reset(key)
-        else:
-            timestep = self.inner.reset(key, self._cache)
-        timestep = timestep.replace(info={})
+        cache = () if self._cache is None else (self._cache,)
+        timestep = self.inner.reset(key, *cache).replace(info={})
         return timestep.observation, first_state(timestep)
 
     def step_env(self, key: jax.Array, state: SuiteState, action: Any, params: Any):
@@ -97,8 +97,6 @@ def fixed_rendering_cache(env: Any) -> Any:
 def _depends_on_inputs(jaxpr: Any) -> bool:
     """Whether any output of `jaxpr` depends on its inputs (an equation with an input that
     depends on them is taken to make all its outputs depend on them)."""
-    from jax.extend.core import Literal
-
     depends = set(jaxpr.invars)
 
     def reads(atoms) -> bool:
