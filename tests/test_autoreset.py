@@ -116,3 +116,53 @@ def test_partial__multi_agent_same_episode_statistics_as_gymnax():
     # An episode lasts until both random-action poles fell (about 30 steps); the mean over
     # the last 100 episodes has a sampling error of about 1.5 steps.
     assert abs(gymnax_len - partial_len) < 7.5
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"])
+def test_auto_step_with_keys__is_gymnax_step_with_the_keys_it_splits(env_id):
+    """The chunk steps a gymnax env with both of its keys from its own split: every output
+    equals gymnax's `step(key)` with `(step key, reset key) = split(key)`, at steps that
+    end an episode and at steps that do not."""
+    from jaxrunner.core.autoreset import gymnax_step_fns
+
+    env, params = gymnax.make(env_id)
+    with_keys = gymnax_step_fns(env).auto_step_with_keys
+    assert with_keys is not None
+    space = env.action_space(params)
+    key = jax.random.key(0)
+    _, state = env.reset(key, params)
+    ends = 0
+    # Op by op (no jit): two compiled programs may round a fused float op differently.
+    with jax.disable_jit():
+        for _ in range(240):
+            key, step_key, action_key = jax.random.split(key, 3)
+            action = space.sample(action_key)
+            expected = env.step(step_key, state, action, params)
+            got = with_keys(*jax.random.split(step_key), state, action, params)
+            assert jax.tree.structure(got) == jax.tree.structure(expected)
+            jax.tree.map(np.testing.assert_array_equal, got, expected)
+            state = expected[1]
+            ends += int(expected[3] | expected[4])
+            if ends and not (expected[3] | expected[4]):  # a step after an end: done
+                break
+    assert ends >= 1, "the test needs an episode end"
+
+
+def test_auto_step_with_keys__only_for_envs_that_keep_the_base_step():
+    """An env that overrides `step` keeps its own step (one key per sub-env); jaxrunner's
+    multi-agent envs are stepped with their keys given, gymnax envs too."""
+    from gymnax.environments.classic_control.cartpole import CartPole
+
+    from jaxrunner.core.autoreset import gymnax_step_fns, make_env_step
+    from jaxrunner.core.multi_agent_rollout import multi_agent_step_fns
+    from jaxrunner.envs.multi_agent_cartpole import MultiAgentCartPole
+
+    class OwnStep(CartPole):
+        def step(self, key, state, action, params=None):
+            return super().step(key, state, action, params)
+
+    assert gymnax_step_fns(OwnStep()).auto_step_with_keys is None
+    assert make_env_step(gymnax_step_fns(OwnStep()), 8, "gymnax", 16).num_keys == 8
+    assert make_env_step(gymnax_step_fns(CartPole()), 8, "gymnax", 16).num_keys == 16
+    assert make_env_step(gymnax_step_fns(CartPole()), 32, "partial", 16).num_keys == 32 + 2 + 1
+    assert multi_agent_step_fns(MultiAgentCartPole()).auto_step_with_keys is not None

@@ -30,16 +30,19 @@ SEED = 5
 def reference_loop(env, env_params, action_space, key, num_envs: int, num_steps: int,
                    mode: str = "gymnax"):
     """`(obs, final_obs)` `(T, B, ...)` of random actions, keyed as the chunk keys them
-    (`core.chunk.make_chunk_fns`: init split in 3, then 3 per vector step)."""
+    (`core.chunk.make_chunk_fns`: init split in 3, then one split per vector step into the
+    next key, the acting key and the env step's keys)."""
     key, reset_key, _ = jax.random.split(key, 3)
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs),
                                                         env_params)
-    env_step = jax.jit(make_env_step(gymnax_step_fns(env), num_envs, mode, 16))
+    vector_step = make_env_step(gymnax_step_fns(env), num_envs, mode, 16)
+    env_step = jax.jit(vector_step.step)
     observations, finals = [], []
     for _ in range(num_steps):
-        key, act_key, step_key = jax.random.split(key, 3)
+        keys = jax.random.split(key, 2 + vector_step.num_keys)
+        key, act_key = keys[0], keys[1]
         actions = sample_action_space(action_space, act_key, num_envs)
-        next_obs, state, _, _, _, info = env_step(step_key, state, actions, env_params)
+        next_obs, state, _, _, _, info = env_step(keys[2:], state, actions, env_params)
         observations.append(np.asarray(obs))
         finals.append(np.asarray(info["final_observation"]))
         obs = next_obs

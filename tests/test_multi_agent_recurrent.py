@@ -43,7 +43,7 @@ def test_recurrent_state_reset_per_episode_advanced_per_action_and_carried_acros
     runner, agent = _runner(env)
     chunks: dict[str, list] = {}
     finished = []
-    for _ in range(16):  # 7-step fragments: episodes are cut across calls
+    for _ in range(32):  # 7-step fragments: episodes are cut across calls
         for episode in runner.sample():
             if agent not in episode.agent_episodes:
                 continue

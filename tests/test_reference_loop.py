@@ -1,8 +1,9 @@
 """The compiled rollout equals a plain Python loop over the same env, keys and actions.
 
-The reference steps one sub-env at a time with gymnax's own auto-resetting `env.step`
-(no scan, no vmap), derives the keys the way the runner documents it (DESIGN.md
-"Construction", core/rollout.py), and takes the actions from the runner's batch. It must
+The reference steps one sub-env at a time with gymnax's `step_env`, `is_truncated` and
+`reset_env` in plain Python (no scan, no vmap, auto-reset where an episode ended), derives
+the keys the way the runner documents it (DESIGN.md "Construction", core/chunk.py,
+core/autoreset.py), and takes the actions from the runner's batch. It must
 reproduce the observations, rewards, terminated/truncated flags, final observations and
 episode boundaries (ids, `t_started`, lengths) of every call.
 """
@@ -43,6 +44,16 @@ class ReferenceLoop:
             self.states.append(state)
         self.episode_len = [0] * num_envs  # steps of the current episode so far
 
+    def _auto_step(self, step_key, reset_key, state, action):
+        """gymnax's auto-resetting step in plain Python, its two keys given."""
+        obs, state, reward, terminated, info = self.env.step_env(step_key, state, action,
+                                                                 self.params)
+        truncated = self.env.is_truncated(state, self.params)
+        info = {"final_observation": obs}
+        if bool(terminated) or bool(truncated):
+            obs, state = self.env.reset_env(reset_key, self.params)
+        return obs, state, reward, terminated, truncated, info
+
     def run(self, actions: np.ndarray) -> dict:
         """Steps with `actions` `(T, B)`; returns the per-step records and the episodes."""
         steps = actions.shape[0]
@@ -54,13 +65,16 @@ class ReferenceLoop:
         start = [(self.episode_len[i], 0, 0.0) for i in range(self.num_envs)]
         first_obs = list(self.obs)
         for t in range(steps):
-            self.key, _act_key, step_key = jax.random.split(self.key, 3)
-            env_keys = jax.random.split(step_key, self.num_envs)
+            # The chunk's one key split per vector step: next key, acting key, then each
+            # sub-env's step key and reset key (what gymnax's step splits its key into).
+            keys = jax.random.split(self.key, 2 + 2 * self.num_envs)
+            self.key = keys[0]
             row = {name: [] for name in record}
             for i in range(self.num_envs):
                 row["obs"].append(self.obs[i])
-                obs, state, reward, terminated, truncated, info = self.env.step(
-                    env_keys[i], self.states[i], actions[t, i], self.params)
+                obs, state, reward, terminated, truncated, info = self._auto_step(
+                    keys[2 + i], keys[2 + self.num_envs + i], self.states[i],
+                    actions[t, i])
                 terminated, truncated = bool(terminated), bool(truncated)
                 row["rewards"].append(float(reward))
                 row["terminated"].append(terminated)

@@ -5,7 +5,8 @@ Everything here is pure JAX: no Ray, no host I/O, no Python randomness. A runner
 `chunk` once per policy mode and calls it with traced step, episode and agent-step limits,
 so any `sample()` size reuses the same compiled program.
 
-The chunk owns what every layout shares: the key splits, the vmapped reset, the
+The chunk owns what every layout shares: the key splits (one per vector step: the next
+carry key, the acting key and every key of the env step), the vmapped reset, the
 auto-reset step (`core.autoreset`), failure detection and per-sub-env recreation
 (`core.faults`), the episode and failure counters, `scan_while` with its limits and
 validity mask, the metric ring write (`core.ring`), the lookback roll and the chunk info (the
@@ -198,10 +199,11 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
     def one_step(carry: Any, params: Any, env_params: Any, cbs: Any, want_view: bool):
         """One vector step: `(carry, record, callback view or None, (B, K) callback
         values or None)`; the view is built only with `cbs` or `want_view`."""
-        key, act_key, step_key = jax.random.split(carry.key, 3)
+        keys = jax.random.split(carry.key, 2 + env_step.num_keys)  # the step's one split
+        key, act_key = keys[0], keys[1]
         env_actions, acted = layout.act(params, carry, act_key, env_params)
-        next_obs, env_state, reward, terminated, truncated, info = env_step(
-            step_key, carry.env_state, env_actions, env_params)
+        next_obs, env_state, reward, terminated, truncated, info = env_step.step(
+            keys[2:], carry.env_state, env_actions, env_params)
         next_obs, env_state = strong_types((next_obs, env_state))
         final_obs = info.get("final_observation", next_obs)
         reward, terminated, truncated, all_terminated, all_truncated = layout.outcome(

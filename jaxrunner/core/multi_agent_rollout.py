@@ -53,7 +53,7 @@ from jaxrunner.core.mapping import AgentMapping
 from jaxrunner.core.ring import RingInput, stacked_registers, write_episodes
 from jaxrunner.core.rollout import _uniform_logp, action_mask_fn, random_legal_actions
 from jaxrunner.modules.distributions import masked_logits
-from jaxrunner.envs.multi_agent import ALL
+from jaxrunner.envs.multi_agent import ALL, MultiAgentEnv
 
 
 @struct.dataclass
@@ -227,8 +227,10 @@ def multi_agent_step_fns(env: Any) -> EnvStepFns:
         acting = env.agents_to_act(state, params)
         return env.step_env(key, state, env._full_actions(actions, acting, params), params)
 
+    own_step = isinstance(env, MultiAgentEnv) and type(env).step is MultiAgentEnv.step
     return EnvStepFns(
         auto_step=env.step, reset=env.reset, step_no_reset=step_no_reset,
+        auto_step_with_keys=env.step_with_keys if own_step else None,
         episode_done=lambda terminateds, truncateds: jnp.logical_or(
             jnp.asarray(terminateds[ALL], jnp.bool_), jnp.asarray(truncateds[ALL], jnp.bool_)))
 

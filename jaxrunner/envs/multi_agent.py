@@ -109,11 +109,18 @@ class MultiAgentEnv(abc.ABC):
     def step(self, key: jax.Array, state: Any, actions: dict, params: Any = None
              ) -> tuple[dict, Any, dict, dict, dict, dict]:
         """One env step with auto-reset on `"__all__"` (see the module docstring)."""
+        key_step, key_reset = jax.random.split(key)
+        return self.step_with_keys(key_step, key_reset, state, actions, params)
+
+    def step_with_keys(self, key_step: jax.Array, key_reset: jax.Array, state: Any,
+                       actions: dict, params: Any = None
+                       ) -> tuple[dict, Any, dict, dict, dict, dict]:
+        """`step` with the step and reset keys it splits from its key given (the
+        compiled runner draws both in its one key split per vector step)."""
         if params is None:
             params = self.default_params
         acting = self.agents_to_act(state, params)
         actions = self._full_actions(actions, acting, params)
-        key_step, key_reset = jax.random.split(key)
         obs_st, state_st, rewards, terminateds, truncateds, infos = self.step_env(
             key_step, state, actions, params)
         self._check_keys("step() observations", obs_st, with_all=False)
