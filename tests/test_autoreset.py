@@ -166,3 +166,38 @@ def test_auto_step_with_keys__only_for_envs_that_keep_the_base_step():
     assert make_env_step(gymnax_step_fns(CartPole()), 8, "gymnax", 16).num_keys == 16
     assert make_env_step(gymnax_step_fns(CartPole()), 32, "partial", 16).num_keys == 32 + 2 + 1
     assert multi_agent_step_fns(MultiAgentCartPole()).auto_step_with_keys is not None
+
+
+def _random_splits(jaxpr) -> int:
+    """`random_split` equations in a jaxpr and every jaxpr nested in its equations."""
+    from jax.extend import core as jcore
+
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += eqn.primitive.name == "random_split"
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else [value]:
+                if isinstance(inner, jcore.ClosedJaxpr):
+                    total += _random_splits(inner.jaxpr)
+                elif isinstance(inner, jcore.Jaxpr):
+                    total += _random_splits(inner)
+    return total
+
+
+def test_chunk__gymnax_step_splits_no_key_of_its_own():
+    """The compiled sample of a base-step gymnax env traces one key split fewer than the
+    same env behind an overridden `step` (which splits its key per sub-env itself): the
+    chunk gives the step and reset keys from its own split."""
+    from gymnax.environments.classic_control.cartpole import CartPole
+
+    class OwnStep(CartPole):
+        def step(self, key, state, action, params=None):
+            return super().step(key, state, action, params)
+
+    def splits(env):
+        sampler = jr.make_sampler(jr.RunnerConfig().environment(env).env_runners(
+            num_envs_per_env_runner=4, rollout_fragment_length=8))
+        state = jax.eval_shape(sampler.init, sampler.default_key)
+        return _random_splits(jax.make_jaxpr(sampler.sample)(state, sampler.params).jaxpr)
+
+    assert splits(OwnStep()) == splits(CartPole()) + 1

@@ -133,16 +133,16 @@ def select_where(done: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda n, o: jax.lax.select(done, n, o), new, old)
 
 
-def _gymnax_auto_step_with_keys(env: Any) -> Callable:
+def _gymnax_auto_step_with_keys(env: Any, step_without_reset: Callable) -> Callable:
     """gymnax `Environment.step`'s transition with its step and reset keys given: the
-    step without reset, the truncation check, a reset, the reset selected where the
-    episode ended, and the step's info (`terminated`, `truncated`, `final_observation`)."""
+    step without reset (`step_without_reset`, with the truncation check), a reset, the
+    reset selected where the episode ended, and the step's info (`terminated`,
+    `truncated`, `final_observation`)."""
     def auto_step_with_keys(step_key, reset_key, state, action, params):
         if params is None:
             params = env.default_params
-        obs_step, state_step, reward, terminated, info = env.step_env(step_key, state,
-                                                                      action, params)
-        truncated = env.is_truncated(state_step, params)
+        obs_step, state_step, reward, terminated, truncated, info = step_without_reset(
+            step_key, state, action, params)
         done = jnp.logical_or(terminated, truncated)
         obs_reset, state_reset = env.reset_env(reset_key, params)
         info = {**info, "terminated": terminated, "truncated": truncated,
@@ -173,8 +173,9 @@ def gymnax_step_fns(env: Any) -> EnvStepFns:
                       step_no_reset=step_without_reset if has_split else None,
                       episode_done=lambda terminated, truncated: jnp.logical_or(terminated,
                                                                                 truncated),
-                      auto_step_with_keys=(_gymnax_auto_step_with_keys(env)
-                                           if has_base_gymnax_step(env) else None))
+                      auto_step_with_keys=(
+                          _gymnax_auto_step_with_keys(env, step_without_reset)
+                          if has_base_gymnax_step(env) else None))
 
 
 __all__ = ["AUTORESET_MODES", "EnvStepFns", "VectorEnvStep", "check_partial_autoreset_env",

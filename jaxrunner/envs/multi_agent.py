@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner.core.autoreset import select_where
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.registry import make_jax_env, register_env
 
@@ -129,8 +130,8 @@ class MultiAgentEnv(abc.ABC):
         self._check_keys("step() truncateds", truncateds, with_all=True)
         done = jnp.logical_or(terminateds[ALL], truncateds[ALL])
         obs_re, state_re = self.reset_env(key_reset, params)
-        state = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), state_re, state_st)
-        obs = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), obs_re, obs_st)
+        state = select_where(done, state_re, state_st)
+        obs = select_where(done, obs_re, obs_st)
         infos = {**dict(infos), "final_observation": obs_st}
         return obs, state, rewards, terminateds, truncateds, infos
 
