@@ -357,3 +357,21 @@ def test_sample_contract__terminated_and_truncated_kept_apart(short_runner):
             if t + 1 < steps:  # the next observation is the reset one, not the final one
                 assert not np.array_equal(traj.final_obs[t, b], traj.obs[t + 1, b])
     assert seen_terminated_only and seen_truncated_only
+
+
+def test_sample_contract__end_flags_are_one_byte_per_step(short_runner):
+    """The record keeps a step's terminated / truncated / failed flags in one uint8; the
+    properties decode them, on device and host arrays alike."""
+    from jaxrunner.core.carry import pack_step_flags
+
+    traj = short_runner.sample(num_timesteps=4 * 16).trajectory()
+    assert traj.flags.dtype == np.uint8 and traj.flags.shape == traj.rewards.shape
+    bits = np.array(np.meshgrid([0, 1], [0, 1], [0, 1])).reshape(3, -1).astype(bool)
+    for xp in (np, jax.numpy):
+        flags = pack_step_flags(*(xp.asarray(b) for b in bits))
+        assert isinstance(flags, np.ndarray) == (xp is np) and flags.dtype == np.uint8
+        assert len(set(np.asarray(flags).tolist())) == 8  # every combination its own byte
+        decoded = traj.replace(flags=flags)
+        np.testing.assert_array_equal(np.asarray(decoded.terminated), bits[0])
+        np.testing.assert_array_equal(np.asarray(decoded.truncated), bits[1])
+        np.testing.assert_array_equal(np.asarray(decoded.failed), bits[2])

@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jaxrunner.core.final_obs import FinalObsStore, dense_final_obs
@@ -58,6 +59,18 @@ class RolloutCarry:
     callbacks: Any = None  # core.callbacks.CallbackCarry with device callbacks, else None
 
 
+TERMINATED_FLAG, TRUNCATED_FLAG, FAILED_FLAG = 1, 2, 4
+
+
+def pack_step_flags(terminated, truncated, failed):
+    """One uint8 per step from its three bool end flags (any equal shapes; jax arrays
+    give a jax array, numpy arrays a numpy array)."""
+    xp = jnp if isinstance(terminated, jax.Array) else np
+    as_byte = lambda flag, bit: xp.asarray(flag).astype(xp.uint8) * xp.uint8(bit)  # noqa: E731
+    return (as_byte(terminated, TERMINATED_FLAG) | as_byte(truncated, TRUNCATED_FLAG)
+            | as_byte(failed, FAILED_FLAG))
+
+
 @struct.dataclass
 class Trajectory:
     """One compiled chunk of `T` vector steps, time-major.
@@ -68,8 +81,9 @@ class Trajectory:
     obs: Any  # (T, B, *obs_shape): observation each action was taken on
     actions: jax.Array  # (T, B, *act_shape): action the module chose (before clipping)
     rewards: jax.Array  # (T, B) float32
-    terminated: jax.Array  # (T, B) bool
-    truncated: jax.Array  # (T, B) bool
+    # (T, B) uint8: the step's end flags packed in one byte (`pack_step_flags`); read them
+    # as the `terminated`, `truncated` and `failed` properties.
+    flags: jax.Array
     # The final observations (next observation before any auto-reset) of the steps that
     # ended an episode and of the chunk's last step; every other taken step's is the next
     # step's `obs`. `final_obs` rebuilds the dense array (`core.final_obs`).
@@ -80,8 +94,22 @@ class Trajectory:
     # rewards and the chunk-start counters); host-stepped envs may.
     episode_return: jax.Array | None
     episode_len: jax.Array | None
-    failed: jax.Array  # (T, B) bool: the sub-env failed at this step (episode discarded)
     valid: jax.Array  # (T,) bool
+
+    @property
+    def terminated(self) -> jax.Array:
+        """(T, B) bool: the episode ended at this step in a terminal state."""
+        return (self.flags & TERMINATED_FLAG) != 0
+
+    @property
+    def truncated(self) -> jax.Array:
+        """(T, B) bool: the episode was cut at this step (time limit), not terminal."""
+        return (self.flags & TRUNCATED_FLAG) != 0
+
+    @property
+    def failed(self) -> jax.Array:
+        """(T, B) bool: the sub-env failed at this step (its episode is discarded)."""
+        return (self.flags & FAILED_FLAG) != 0
 
     @property
     def final_obs(self) -> Any:

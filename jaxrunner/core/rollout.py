@@ -24,7 +24,8 @@ from jaxrunner.connectors.base import ConnectorContext
 from jaxrunner.core.autoreset import (AUTORESET_MODES, check_partial_autoreset_env,
                                       gymnax_step_fns)
 from jaxrunner.core.callbacks import StepView
-from jaxrunner.core.carry import ChunkInfo, Lookback, RolloutCarry, Trajectory
+from jaxrunner.core.carry import (ChunkInfo, Lookback, RolloutCarry, Trajectory,
+                                  pack_step_flags)
 from jaxrunner.core.chunk import (POLICY_MODES, ChunkFns, check_policy_mode, make_chunk_fns,
                                   scan_while)
 from jaxrunner.core.faults import FAILURE_INFO_KEY, mark_step_failed
@@ -313,10 +314,9 @@ class SingleAgentLayout:
             module_state=module_state)
         record = Trajectory(
             obs=carry.obs, actions=actions, rewards=step.reward,
-            terminated=step.all_terminated, truncated=step.all_truncated,
+            flags=pack_step_flags(step.all_terminated, step.all_truncated, step.failed),
             final_obs_store=(step.ended, step.final_obs), extra_model_outputs=extras,
-            episode_return=None,
-            episode_len=None, failed=step.failed, valid=jnp.ones((), jnp.bool_))
+            episode_return=None, episode_len=None, valid=jnp.ones((), jnp.bool_))
         return fields, record
 
     @staticmethod

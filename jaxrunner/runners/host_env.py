@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrunner.core.carry import Lookback, RolloutCarry, Trajectory
+from jaxrunner.core.carry import Lookback, RolloutCarry, Trajectory, pack_step_flags
 from jaxrunner.core.final_obs import store_from_dense
 from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, write_ring
 from jaxrunner.core.chunk import initial_counters
@@ -331,11 +331,10 @@ class _ChunkBuffer:
 
     def trajectory(self) -> Trajectory:
         return Trajectory(obs=self.obs, actions=self.actions, rewards=self.rewards,
-                          terminated=self.terminated, truncated=self.truncated,
+                          flags=pack_step_flags(self.terminated, self.truncated, self.failed),
                           final_obs_store=store_from_dense(self.final_obs, self.valid),
                           extra_model_outputs=self.extras,
-                          episode_return=None, episode_len=None, failed=self.failed,
-                          valid=self.valid)
+                          episode_return=None, episode_len=None, valid=self.valid)
 
 
 class _Call:
