@@ -144,6 +144,32 @@ def test_custom_metrics_equal_the_returned_episodes(runner):
     assert runner.get_metrics()["one"] == metrics["one"]  # lifetime kept
 
 
+def test_custom_metrics_when_chunks_stop_early_for_the_row_store():
+    """The episodes' callback values ride beside the final-observation store's episode-end
+    rows: with one row per sub-env (chunks stop early after a few ends) and with a row for
+    every step, the custom metrics are the same and equal the returned episodes'."""
+    windows, metrics = [], []
+    for slots in (1, FRAGMENT):
+        r = jaxrunner.SingleAgentEnvRunner(
+            config=callback_config(final_obs_slots_per_env=slots))
+        batches = [r.sample(num_timesteps=NUM_ENVS * 30) for _ in range(3)]
+        by_id, finished = whole_episodes(batches)
+        window = r.get_metrics_window()["custom_metrics"]
+        got = r.get_metrics()
+        refs = [reference(by_id[i]) for i in finished]
+        assert got["num_episodes"] == len(refs) > 3  # a fresh runner: every one returned
+        np.testing.assert_allclose(np.sort(window["max_abs_x"]["values"]),
+                                   np.sort([x["max_abs_x"] for x in refs]), rtol=1e-6)
+        np.testing.assert_array_equal(np.sort(window["right_pushes"]["values"]),
+                                      np.sort([x["right_pushes"] for x in refs]))
+        windows.append(window)
+        metrics.append({k: got[k] for k in CUSTOM})
+        r.stop()
+    assert metrics[0] == metrics[1]
+    for name in CUSTOM:
+        np.testing.assert_array_equal(windows[0][name]["values"], windows[1][name]["values"])
+
+
 @pytest.mark.parametrize("mode", ["random", pytest.param("inference", marks=pytest.mark.slow)])
 def test_episode_mode_in_other_policy_modes(runner, mode):
     runner.get_metrics()

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxrunner.core.final_obs import EndRows
 from jaxrunner.core.ring import RingInput, RingUpdate, locate_writes
 
 REDUCTIONS = ("mean", "min", "max", "sum")
@@ -301,7 +302,8 @@ class DeviceCallbacks:
               ) -> tuple[CallbackCarry, jax.Array]:
         """Writes the counted episode ends of a chunk (`ring.done` at taken steps, in
         (t, b) order, at most `episodes_limit`, as the metric ring counts them) from
-        `values` `(T, B, K)`; returns the new part and the `(K,)` sum of their values.
+        `values`: `(T, B, K)` per step, or `EndRows` (a row store's episode-end rows with
+        their `(S, K)` values); returns the new part and the `(K,)` sum of their values.
 
         `episode_ring`: the metric ring's update for the same `ring`; when its window is
         this ring's, its write positions are reused (no second search)."""
@@ -312,13 +314,25 @@ class DeviceCallbacks:
                   and episode_ring.writes.rank.shape[0] == window
                   else locate_writes(done, window, episodes_limit))
         _, num_new, rank, positions, last_counted = writes
-        flat = values.reshape((-1, values.shape[-1]))
-        index = jnp.arange(flat.shape[0], dtype=jnp.int32)
-        counted = done.reshape(-1) & (index <= last_counted)
-        sums = jnp.sum(jnp.where(counted[:, None], flat, 0.0), axis=0)
+        done_flat = done.reshape(-1)
+        if isinstance(values, EndRows):
+            # Only the steps that ended an episode hold values, ascending by position.
+            used = values.index >= 0
+            at = jnp.where(used, values.index, 0)
+            counted = used & done_flat[at] & (values.index <= last_counted)
+            sums = jnp.sum(jnp.where(counted[:, None], values.values, 0.0), axis=0)
+            keys = jnp.where(used, values.index, jnp.iinfo(jnp.int32).max)
+            rows = jnp.minimum(jnp.searchsorted(keys, positions), keys.shape[0] - 1)
+            written = values.values[rows]
+        else:
+            flat = values.reshape((-1, values.shape[-1]))
+            index = jnp.arange(flat.shape[0], dtype=jnp.int32)
+            counted = done_flat & (index <= last_counted)
+            sums = jnp.sum(jnp.where(counted[:, None], flat, 0.0), axis=0)
+            written = flat[positions]
         slot = jnp.where(rank >= 1, (regs.next + rank - 1) % window, window)
         regs = regs.replace(
-            values=regs.values.at[slot].set(flat[positions], mode="drop"),
+            values=regs.values.at[slot].set(written, mode="drop"),
             next=(regs.next + num_new) % window,
             size=jnp.minimum(regs.size + num_new, window))
         return part.replace(registers=regs), sums

@@ -30,16 +30,19 @@ fields `env`, `num_envs`, `chunk_len`, `lookback_len`, `metrics_window`, `check_
 also `callback_view(carry, acted, outcome, info)`.
 
 Device callbacks, when the spec has them, run per step after `after_step` on the layout's
-`callback_view` (their state lives in `carry.callbacks`), their per-step metric values are
-one more scan output, and the counted episodes' values are written after the scan. When
+`callback_view` (their state lives in `carry.callbacks`); the metric values of the
+episodes ending at a step are kept beside the row store's episode-end rows (one more scan
+output `(T, B, K)` for a layout without a row store), and the counted episodes' values are
+written after the scan. When
 the spec has none, none of this is traced: the chunk is the same program.
 
 Optionally a layout has `row_store`, an object that keeps part of the per-step record
 out of the `(T, ...)` buffers in a fixed-size store carried through the scan (the
-single-agent final observations, `core.final_obs`): `init(record_shape) -> state`,
-`strip(record) -> record` (the record the buffers hold), `write(state, record) ->
-(state, record)`, `room(state) -> bool` (the chunk stops early when False) and
-`finish(state, traj, carry) -> traj`.
+single-agent final observations, `core.final_obs`): `init(record_shape, extra_shape) -> state`,
+`strip(record) -> record` (the record the buffers hold), `write(state, record, extra) ->
+(state, record)`, `room(state) -> bool` (the chunk stops early when False),
+`finish(state, traj, carry) -> traj` and `end_rows(state) -> core.final_obs.EndRows` (the
+episode-end rows' positions and the `extra` values written beside them).
 """
 
 from __future__ import annotations
@@ -256,18 +259,23 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         counts_agents = layout.counts_agent_steps
         store = getattr(layout, "row_store", None)
 
+        # With a row store, the callbacks' values of the episodes ending at a step go
+        # beside the store's episode-end rows instead of into `(T, B, K)` buffers.
+        values_in_store = cbs is not None and store is not None
+
         def step(loop):
             c, episodes_done, agent_steps_done, rows = loop
             c, record, _, values = one_step(c, params, env_params, cbs, False)
             if store is not None:
-                rows, record = store.write(rows, record)
+                rows, record = store.write(rows, record, values if values_in_store else None)
             episodes, agent_steps = layout.record_counts(record)
             episodes_done = episodes_done + episodes
             if counts_agents:
                 agent_steps_done = agent_steps_done + agent_steps
             out = record.replace(valid=None)
-            return (c, episodes_done, agent_steps_done, rows), (out if cbs is None
-                                                                else (out, values))
+            per_step = cbs is not None and not values_in_store
+            return (c, episodes_done, agent_steps_done, rows), ((out, values) if per_step
+                                                                else out)
 
         def keep_going(t, loop):
             _, episodes_done, agent_steps_done, rows = loop
@@ -277,16 +285,19 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             return go & (agent_steps_done < agent_steps_limit) if counts_agents else go
 
         zero = jnp.zeros((), jnp.int32)
-        rows = () if store is None else store.init(record_shape)
+        rows = () if store is None else store.init(
+            record_shape, values_shape if values_in_store else None)
         if store is not None:
             record_shape = store.strip(record_shape)
         buffers_shape = record_shape.replace(valid=None)
-        if cbs is not None:
+        if cbs is not None and not values_in_store:
             buffers_shape = (buffers_shape, values_shape)
         steps_taken, (carry, _, agent_steps_done, rows), records = scan_while(
             step, (carry, zero, zero, rows), buffers_shape, spec.chunk_len, keep_going)
         callback_values = None
-        if cbs is not None:
+        if values_in_store:
+            callback_values = store.end_rows(rows)
+        elif cbs is not None:
             records, callback_values = records
         return finish_chunk(layout, carry, start, lookback, records, steps_taken,
                             episodes_limit, call_step_offset, agent_steps_done,
@@ -314,7 +325,8 @@ def finish_chunk(layout: Any, carry: Any, start: Any, lookback: Any, records: An
     `steps_taken`); `steps_taken`, `episodes_limit`, `call_step_offset`,
     `agent_steps_done`: () int32 (see `make_chunk_fns`'s `chunk`). `rows`: the layout's
     `row_store` state, when it has one. `callbacks` / `callback_values`: the bound device
-    callbacks and their `(T, B, K)` per-step values, when the spec has callbacks.
+    callbacks and their values, when the spec has callbacks: `(T, B, K)` per step, or the
+    row store's `EndRows` holding the values of the episodes ending at its rows.
     Returns `(carry, lookback, trajectory, ChunkInfo)`."""
     spec = layout.spec
     num_envs, chunk_len = spec.num_envs, spec.chunk_len

@@ -72,6 +72,18 @@ class StoreState(NamedTuple):
     count: jax.Array  # () int32: episode-end rows written
     index: jax.Array  # (slots + B,) int32
     obs: Any  # leaves (slots + B, *obs_shape)
+    # Optional values kept beside each episode-end row (e.g. device callbacks' metric
+    # values of the episode ending there), leaves (slots, ...); None without.
+    extra: Any = None
+
+
+class EndRows(NamedTuple):
+    """The episode-end rows of a chunk's store with their `extra` values: `index` `(S,)`
+    int32 flat positions `t * B + b`, ascending over the used rows, `UNUSED` after them;
+    `values` leaves `(S, ...)`."""
+
+    index: jax.Array
+    values: Any
 
 
 class FinalObsWriter:
@@ -83,33 +95,42 @@ class FinalObsWriter:
                              f"slots, got {slots}.")
         self.num_envs, self.slots = num_envs, slots
 
-    def init(self, obs_shape: Any) -> StoreState:
+    def init(self, obs_shape: Any, extra_shape: Any = None) -> StoreState:
         """An empty store for observations shaped like `obs_shape` (`(B, ...)`
-        `ShapeDtypeStruct`s)."""
+        `ShapeDtypeStruct`s) and, beside the episode-end rows, values shaped like
+        `extra_shape` (`(B, ...)`, or None)."""
         rows = self.slots + self.num_envs
+        zeros = lambda n: lambda s: jnp.zeros((n,) + tuple(s.shape[1:]), s.dtype)  # noqa: E731
         return StoreState(
             t=jnp.zeros((), jnp.int32), count=jnp.zeros((), jnp.int32),
             index=jnp.full((rows,), UNUSED, jnp.int32),
-            obs=jax.tree.map(lambda s: jnp.zeros((rows,) + tuple(s.shape[1:]), s.dtype),
-                             obs_shape))
+            obs=jax.tree.map(zeros(rows), obs_shape),
+            extra=None if extra_shape is None else jax.tree.map(zeros(self.slots),
+                                                                extra_shape))
 
     def room(self, state: StoreState) -> jax.Array:
         """() bool: the next step's episode ends fit whatever they are."""
         return state.count <= self.slots - self.num_envs
 
-    def write(self, state: StoreState, ended: jax.Array, final_obs: Any) -> StoreState:
+    def write(self, state: StoreState, ended: jax.Array, final_obs: Any,
+              extra: Any = None) -> StoreState:
         """Appends the rows of the sub-envs whose episode `ended` (`(B,)` bool) at this
-        step."""
+        step, with their `extra` values (`(B, ...)`) when the store keeps them."""
         ended = ended.astype(jnp.bool_)
         ends = ended.astype(jnp.int32)
         target = jnp.where(ended, state.count + jnp.cumsum(ends) - 1, self.slots)
         target = jnp.where(target < self.slots, target, self.slots + self.num_envs)  # drop
         position = state.t * self.num_envs + jnp.arange(self.num_envs, dtype=jnp.int32)
         index = state.index.at[target].set(position, mode="drop")
-        obs = jax.tree.map(lambda buf, x: buf.at[target].set(x.astype(buf.dtype), mode="drop"),
-                           state.obs, final_obs)
+        put = lambda buf, x: buf.at[target].set(x.astype(buf.dtype), mode="drop")  # noqa: E731
+        obs = jax.tree.map(put, state.obs, final_obs)
+        kept = None if state.extra is None else jax.tree.map(put, state.extra, extra)
         return StoreState(t=state.t + 1, count=state.count + jnp.sum(ends), index=index,
-                          obs=obs)
+                          obs=obs, extra=kept)
+
+    def end_rows(self, state: StoreState) -> EndRows:
+        """The episode-end rows written so far with their `extra` values."""
+        return EndRows(index=state.index[:self.slots], values=state.extra)
 
     def finish(self, state: StoreState, last_ended: jax.Array, next_obs: Any
                ) -> FinalObsStore:
@@ -226,6 +247,6 @@ def host_rows(store: FinalObsStore) -> dict[int, int]:
     return dict(zip(index[used].tolist(), used.tolist()))
 
 
-__all__ = ["AUTO_DENSE_UP_TO", "AUTO_STEPS_PER_SLOT", "FinalObsStore", "FinalObsWriter",
+__all__ = ["AUTO_DENSE_UP_TO", "AUTO_STEPS_PER_SLOT", "EndRows", "FinalObsStore", "FinalObsWriter",
            "StoreState", "UNUSED", "dense_final_obs", "host_rows", "join_stores",
            "join_stores_across_envs", "slots_for", "store_from_dense"]

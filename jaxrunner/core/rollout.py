@@ -222,17 +222,20 @@ class _FinalObsRows:
     def __init__(self, num_envs: int, slots: int):
         self.writer = FinalObsWriter(num_envs, slots)
 
-    def init(self, record_shape: Trajectory):
+    def init(self, record_shape: Trajectory, extra_shape=None):
         _, final_obs = record_shape.final_obs_store
-        return self.writer.init(final_obs)
+        return self.writer.init(final_obs, extra_shape)
 
     @staticmethod
     def strip(record: Trajectory) -> Trajectory:
         return record.replace(final_obs_store=None)
 
-    def write(self, state, record: Trajectory):
+    def write(self, state, record: Trajectory, extra=None):
         ended, final_obs = record.final_obs_store
-        return self.writer.write(state, ended, final_obs), self.strip(record)
+        return self.writer.write(state, ended, final_obs, extra), self.strip(record)
+
+    def end_rows(self, state):
+        return self.writer.end_rows(state)
 
     def room(self, state):
         return self.writer.room(state)
