@@ -15,14 +15,6 @@ import jax
 
 DEFAULT_DIRECTORY = os.path.join(os.path.expanduser("~"), ".cache", "jaxrunner", "xla")
 
-# XLA options for the programs that run once per runner build or rarely (module params
-# init, the carry's and the lookback's init, the reset of every sub-env): LLVM's backend
-# optimisation level 0. They compile in well under half the time (the carry's init for
-# CartPole: 0.97 s -> 0.38 s on a 2-core CPU), and their run time is negligible; the
-# rollout chunk keeps the default level. XLA's HLO passes still run, so the programs
-# compute the same values.
-RUN_ONCE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
-
 
 def enable_compilation_cache(directory: str | os.PathLike | None = None, *,
                              min_compile_time_s: float = 0.1) -> str:

@@ -45,7 +45,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrunner.compilation_cache import RUN_ONCE_COMPILER_OPTIONS as RUN_ONCE
 from jaxrunner.core.callbacks import CustomRegisters, MetricSpec
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.chunk import POLICY_MODES, ChunkFns
@@ -279,10 +278,9 @@ class Sampler:
         if mode not in self._jitted:
             fns = self.chunk_fns(mode)
             self._jitted[mode] = {
-                "init_carry": jax.jit(fns.init_carry, compiler_options=RUN_ONCE),
-                "reset_carry": jax.jit(fns.reset_carry, donate_argnums=(0,),
-                                       compiler_options=RUN_ONCE),
-                "init_lookback": jax.jit(fns.init_lookback, compiler_options=RUN_ONCE),
+                "init_carry": jax.jit(fns.init_carry),
+                "reset_carry": jax.jit(fns.reset_carry, donate_argnums=(0,)),
+                "init_lookback": jax.jit(fns.init_lookback),
                 "chunk": jax.jit(fns.chunk, donate_argnums=(0,)),
             }
         return self._jitted[mode]

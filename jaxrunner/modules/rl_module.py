@@ -28,7 +28,6 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 
-from jaxrunner.compilation_cache import RUN_ONCE_COMPILER_OPTIONS
 from jaxrunner.modules.distributions import distribution_for
 
 DEFAULT_MODULE_ID = "default_policy"
@@ -108,13 +107,9 @@ def init_params(module: Any, key: jax.Array) -> Any:
     Run eagerly, every op of an initialiser (an orthogonal init's QR, each layer's
     matmul) compiles on its own: seconds for a small MLP on CPU, paid at every runner
     build. Modules whose `init` needs concrete values (Python control flow on arrays)
-    are initialised eagerly instead. Compiled with `RUN_ONCE_COMPILER_OPTIONS` (it runs
-    once per build). Under a trace (e.g. inside a fused training loop's jit) it is traced
-    inline."""
-    if isinstance(key, jax.core.Tracer):
-        return module.init(key)
+    are initialised eagerly instead."""
     try:
-        return jax.jit(module.init, compiler_options=RUN_ONCE_COMPILER_OPTIONS)(key)
+        return jax.jit(module.init)(key)
     except jax.errors.JAXTypeError:
         return module.init(key)
 
