@@ -260,21 +260,21 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         store = getattr(layout, "row_store", None)
 
         # With a row store, the callbacks' values of the episodes ending at a step go
-        # beside the store's episode-end rows instead of into `(T, B, K)` buffers.
+        # beside the store's episode-end rows; without one, into `(T, B, K)` buffers.
         values_in_store = cbs is not None and store is not None
+        values_per_step = cbs is not None and store is None
 
         def step(loop):
             c, episodes_done, agent_steps_done, rows = loop
             c, record, _, values = one_step(c, params, env_params, cbs, False)
-            if store is not None:
-                rows, record = store.write(rows, record, values if values_in_store else None)
+            if store is not None:  # `values` is None without callbacks
+                rows, record = store.write(rows, record, values)
             episodes, agent_steps = layout.record_counts(record)
             episodes_done = episodes_done + episodes
             if counts_agents:
                 agent_steps_done = agent_steps_done + agent_steps
             out = record.replace(valid=None)
-            per_step = cbs is not None and not values_in_store
-            return (c, episodes_done, agent_steps_done, rows), ((out, values) if per_step
+            return (c, episodes_done, agent_steps_done, rows), ((out, values) if values_per_step
                                                                 else out)
 
         def keep_going(t, loop):
@@ -290,14 +290,14 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         if store is not None:
             record_shape = store.strip(record_shape)
         buffers_shape = record_shape.replace(valid=None)
-        if cbs is not None and not values_in_store:
+        if values_per_step:
             buffers_shape = (buffers_shape, values_shape)
         steps_taken, (carry, _, agent_steps_done, rows), records = scan_while(
             step, (carry, zero, zero, rows), buffers_shape, spec.chunk_len, keep_going)
         callback_values = None
         if values_in_store:
             callback_values = store.end_rows(rows)
-        elif cbs is not None:
+        elif values_per_step:
             records, callback_values = records
         return finish_chunk(layout, carry, start, lookback, records, steps_taken,
                             episodes_limit, call_step_offset, agent_steps_done,

@@ -46,7 +46,8 @@ from flax import struct
 from jaxrunner.connectors.multi_agent import agent_contexts
 from jaxrunner.core.autoreset import EnvStepFns
 from jaxrunner.core.callbacks import StepView
-from jaxrunner.core.carry import MetricRegisters
+from jaxrunner.core.carry import (FAILED_FLAG, TERMINATED_FLAG, TRUNCATED_FLAG,
+                                  MetricRegisters, pack_step_flags)
 from jaxrunner.core.chunk import ChunkFns, check_policy_mode, make_chunk_fns
 from jaxrunner.core.lookback import gather_last, last_positions, zeros_like_steps
 from jaxrunner.core.mapping import AgentMapping
@@ -131,7 +132,7 @@ class _StepRecord:
     from it after the scan)."""
 
     flags: jax.Array  # (B, A) uint8: acted | completed << 1 | terminated << 2 | truncated << 3
-    all_flags: jax.Array  # (B,) uint8: all_terminated | all_truncated << 1 | failed << 2
+    all_flags: jax.Array  # (B,) uint8: the episode's end flags (`core.carry.pack_step_flags`)
     obs: dict
     actions: dict
     rewards: jax.Array  # (B, A) float32
@@ -143,7 +144,6 @@ class _StepRecord:
 
 
 _ACTED, _COMPLETED, _TERMINATED, _TRUNCATED = 1, 2, 4, 8
-_ALL_TERMINATED, _ALL_TRUNCATED, _FAILED = 1, 2, 4
 
 
 @struct.dataclass
@@ -542,9 +542,7 @@ class MultiAgentLayout:
         )
         flags = (acting.astype(jnp.uint8) | (completed.astype(jnp.uint8) << 1)
                  | (terminated.astype(jnp.uint8) << 2) | (truncated.astype(jnp.uint8) << 3))
-        all_flags = (step.all_terminated.astype(jnp.uint8)
-                     | (step.all_truncated.astype(jnp.uint8) << 1)
-                     | (step.failed.astype(jnp.uint8) << 2))
+        all_flags = pack_step_flags(step.all_terminated, step.all_truncated, step.failed)
         record = _StepRecord(
             flags=flags, all_flags=all_flags, obs=pending_obs, actions=pending_action,
             rewards=jnp.where(completed, pending_reward, 0.0), next_obs=step.final_obs,
@@ -569,7 +567,7 @@ class MultiAgentLayout:
 
     @staticmethod
     def record_counts(record: _StepRecord):
-        episodes = jnp.sum(((record.all_flags & (_ALL_TERMINATED | _ALL_TRUNCATED)) != 0)
+        episodes = jnp.sum(((record.all_flags & (TERMINATED_FLAG | TRUNCATED_FLAG)) != 0)
                            .astype(jnp.int32))
         return episodes, jnp.sum(((record.flags & _COMPLETED) != 0).astype(jnp.int32))
 
@@ -586,9 +584,9 @@ class MultiAgentLayout:
         chunk_len, num_envs = records.valid.shape[0], self.spec.num_envs
         has = lambda bit: (records.flags & bit) != 0  # noqa: E731
         completed = has(_COMPLETED)
-        all_terminated = (records.all_flags & _ALL_TERMINATED) != 0
-        all_truncated = (records.all_flags & _ALL_TRUNCATED) != 0
-        failed = (records.all_flags & _FAILED) != 0
+        all_terminated = (records.all_flags & TERMINATED_FLAG) != 0
+        all_truncated = (records.all_flags & TRUNCATED_FLAG) != 0
+        failed = (records.all_flags & FAILED_FLAG) != 0
         ended = (all_terminated | all_truncated | failed) & records.valid[:, None]  # (T, B)
         steps = jnp.arange(chunk_len, dtype=jnp.int32)[:, None]
         last_end = jax.lax.cummax(jnp.where(ended, steps, -1), axis=0)
