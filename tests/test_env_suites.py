@@ -253,8 +253,9 @@ def test_navix__step_traces_no_navix_reset():
 
 def test_navix__fixed_map_resets_reuse_one_rendering_cache(monkeypatch):
     """A fixed base map's rendering cache is built once: the adapter's auto-resetting step
-    traces no `RenderingCache.init` (it would rebuild it at every vector step), and its
-    resets are bit for bit Navix's own. A random map (DoorKey's wall) keeps rebuilding."""
+    traces no `RenderingCache.init` (it would rebuild it at every vector step), the cache
+    is the one Navix's own reset builds, it is not carried in the state, and the resets are
+    bit for bit Navix's own. A random map (DoorKey's wall) keeps rebuilding."""
     navix = pytest.importorskip("navix")
     from navix.rendering.cache import RenderingCache
 
@@ -270,9 +271,10 @@ def test_navix__fixed_map_resets_reuse_one_rendering_cache(monkeypatch):
                           jax.random.key_data(expected.state.key), "state key")
         for name, got, want in (("observation", obs, expected.observation),
                                 ("grid", state.inner.state.grid, expected.state.grid),
-                                ("cache", state.inner.state.cache.patches,
+                                ("cache", env.rendering_cache.patches,
                                  expected.state.cache.patches)):
             assert_tree_equal(np.asarray(got), np.asarray(want), f"reset {seed}: {name}")
+        assert state.inner.state.cache is None, "the fixed cache is carried in the state"
     built = []
     original = RenderingCache.init.__func__
     monkeypatch.setattr(RenderingCache, "init",

@@ -18,9 +18,16 @@ Navix's `reset(key)` also rebuilds its `RenderingCache` (the rendered background
 base map) at every reset unless it is given one, and under gymnax's auto-reset a reset is
 computed at every vector step: that doubled the cost of a step of a small grid. When the
 cache does not depend on the reset key (a fixed base map, as in Empty-5x5; checked on the
-traced program), the adapter computes it once and passes it to every reset, so each reset
-returns exactly what it would have built. Envs whose base map is random (DoorKey's wall,
-...) keep rebuilding it, so their pixels always show the new map.
+traced program), the adapter computes it once (`NavixEnv.rendering_cache`) and passes it to
+every reset, so each reset returns exactly what it would have built. Envs whose base map is
+random (DoorKey's wall, ...) keep rebuilding it, so their pixels always show the new map.
+
+A fixed cache is also kept out of the state the runner carries: it is most of a Navix
+state's bytes (Empty-5x5: 4,992 of the cache's bytes against 75 of the observation's), and
+a carried copy is read and written at every vector step (the auto-reset's select between
+the stepped and the reset state, the scan's carry) though it never changes. The state's
+`inner.state.cache` is None then; the adapter puts the constant back before each Navix
+transition, so the transition and its observation are exactly Navix's own.
 
 The Timestep's `info` accumulators (Navix's running return) are dropped from the state:
 they would change the state's structure between reset and step.
@@ -48,7 +55,8 @@ class NavixEnv(SuiteAdapter):
         env: the Navix `Environment`.
         env_id: the id to report (default: the class name).
 
-    The state's `inner` is the Navix `Timestep` (with an empty `info`).
+    The state's `inner` is the Navix `Timestep` (with an empty `info`, and without its
+    rendering cache when that is fixed: `rendering_cache` holds it then, else None).
     """
 
     suite = "navix"
@@ -61,20 +69,33 @@ class NavixEnv(SuiteAdapter):
         # Navix's step without its own auto-reset (see the module docstring); an env
         # without `_step` is stepped through `step`, which never resets here either.
         self._transition = getattr(env, "_step", None) or env.step
-        self._cache = fixed_rendering_cache(env)
+        self.rendering_cache = fixed_rendering_cache(env)
 
     def reset_env(self, key: jax.Array, params: Any):
         del params
-        cache = () if self._cache is None else (self._cache,)
+        cache = () if self.rendering_cache is None else (self.rendering_cache,)
         timestep = self.inner.reset(key, *cache).replace(info={})
-        return timestep.observation, first_state(timestep)
+        return timestep.observation, first_state(self._carried(timestep))
 
     def step_env(self, key: jax.Array, state: SuiteState, action: Any, params: Any):
         del key, params
-        timestep = self._transition(state.inner, jnp.asarray(action)).replace(info={})
+        timestep = self._transition(self._with_cache(state.inner), jnp.asarray(action))
+        timestep = timestep.replace(info={})
         terminated, truncated = split_done(timestep.is_termination(), timestep.is_truncation())
-        return (timestep.observation, next_state(state, timestep, truncated),
+        return (timestep.observation, next_state(state, self._carried(timestep), truncated),
                 jnp.asarray(timestep.reward, jnp.float32).reshape(()), terminated, {})
+
+    def _carried(self, timestep: Any) -> Any:
+        """`timestep` as the state carries it: without a fixed rendering cache."""
+        if self.rendering_cache is None:
+            return timestep
+        return timestep.replace(state=timestep.state.replace(cache=None))
+
+    def _with_cache(self, timestep: Any) -> Any:
+        """A carried `timestep` as Navix steps it: with its fixed rendering cache."""
+        if self.rendering_cache is None:
+            return timestep
+        return timestep.replace(state=timestep.state.replace(cache=self.rendering_cache))
 
 
 def fixed_rendering_cache(env: Any) -> Any:
