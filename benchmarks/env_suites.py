@@ -26,6 +26,8 @@ JSON to `benchmarks/results/env_suites.json`, each row with the git commit it me
     python benchmarks/env_suites.py                  # every installed case, 1024 envs
     python benchmarks/env_suites.py --cases brax/inverted_pendulum --num-envs 4096
     python benchmarks/env_suites.py --merge --cases navix/Navix-Empty-5x5-v0  # one case
+    python benchmarks/env_suites.py --merge --cases craftax/Craftax-Symbolic-v1 \
+        --autoreset-mode partial    # the runner with autoreset_mode="partial"
 """
 
 from __future__ import annotations
@@ -161,11 +163,12 @@ CASES: dict[str, tuple[str, Callable[..., tuple[Callable[[], None], float]], int
 
 
 def measure(case: str, num_envs: int, num_steps: int, rounds: int, adapted_scan: bool,
-            seed: int = 0) -> dict[str, Any]:
+            seed: int = 0, autoreset_mode: str = "gymnax") -> dict[str, Any]:
     _, own_rollout, _ = CASES[case]
     load_before = os.getloadavg()
     config = (RunnerConfig().environment(case)
-              .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=num_steps)
+              .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=num_steps,
+                           autoreset_mode=autoreset_mode)
               .rl_module(model_config={"fcnet_hiddens": list(HIDDENS)}).debugging(seed=seed))
     start = time.perf_counter()
     runner = SingleAgentEnvRunner(config=config)
@@ -176,8 +179,8 @@ def measure(case: str, num_envs: int, num_steps: int, rounds: int, adapted_scan:
     sides = {"jaxrunner": runner.sample}
     sides["suite_own"], own_first = own_rollout(case.split("/", 1)[1], num_envs, num_steps,
                                                 seed=seed)
-    row: dict[str, Any] = {"case": case, "num_envs": num_envs, "num_steps": num_steps,
-                           "rounds": rounds, "construction_s": built - start,
+    row: dict[str, Any] = {"case": case, "autoreset_mode": autoreset_mode,
+                           "num_envs": num_envs, "num_steps": num_steps, "rounds": rounds, "construction_s": built - start,
                            "first_sample_s": first_sample, "suite_own_first_call_s": own_first}
     if adapted_scan:
         env, params = adapters.make_suite_env(case, {})
@@ -207,6 +210,9 @@ def main() -> None:
     parser.add_argument("--num-steps", type=int, default=None,
                         help="steps per call (default: per case, 8 for Craftax, else 16)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--autoreset-mode", choices=("gymnax", "partial"), default="gymnax",
+                        help="the runner's autoreset_mode (a row per case and mode; the "
+                             "suite's own rollout is the same in both)")
     parser.add_argument("--adapted-scan", action="store_true",
                         help="also time a bare scan of the adapted env")
     parser.add_argument("--output", default=os.path.join(RESULTS, "env_suites.json"))
@@ -214,7 +220,8 @@ def main() -> None:
                         help="keep the rows of --output for cases not measured now (one "
                              "process per case: run each with --merge)")
     args = parser.parse_args()
-    kept = _kept(args.output, args.cases) if args.merge else {"cases": []}
+    kept = (_kept(args.output, args.cases, args.autoreset_mode) if args.merge
+            else {"cases": []})
     out: dict[str, Any] = {
         "benchmark": "env_suites",
         "policy": f"mlp{HIDDENS} tanh, sampled actions (explore)",
@@ -231,12 +238,13 @@ def main() -> None:
             out["not_installed"].append(case)
             continue
         row = measure(case, args.num_envs, args.num_steps or default_steps, args.rounds,
-                      args.adapted_scan)
+                      args.adapted_scan, autoreset_mode=args.autoreset_mode)
         row["source"] = source
         out["cases"].append(row)
         _write(out, args.output)  # after every case: a long sweep keeps what it measured
         steps = row["median_steps_per_s"]
-        print(f"{case} num_envs={args.num_envs} T={row['num_steps']}: ratio "
+        print(f"{case} ({args.autoreset_mode}) num_envs={args.num_envs} "
+              f"T={row['num_steps']}: ratio "
               f"{row['ratio']:.3f} (jaxrunner {steps['jaxrunner']:,.0f} vs suite's own "
               f"{steps['suite_own']:,.0f} steps/s); first sample() "
               f"{row['first_sample_s']:.1f} s, suite's first call "
@@ -246,9 +254,10 @@ def main() -> None:
     print(f"wrote {args.output}")
 
 
-def _kept(path: str, cases: list[str]) -> dict[str, Any]:
-    """What `--merge` keeps of the JSON at `path` (if any): its rows for cases other than
-    `cases`, and its other entries (notes, `not_measured` less `cases`)."""
+def _kept(path: str, cases: list[str], autoreset_mode: str) -> dict[str, Any]:
+    """What `--merge` keeps of the JSON at `path` (if any): its rows other than those of
+    `cases` in `autoreset_mode` (a row without a mode is "gymnax"), and its other entries
+    (notes, `not_measured` less `cases` when they are measured in "gymnax" mode)."""
     if not os.path.exists(path):
         return {"cases": []}
     with open(path) as f:
@@ -256,8 +265,10 @@ def _kept(path: str, cases: list[str]) -> dict[str, Any]:
     kept = {key: value for key, value in old.items()
             if key not in ("benchmark", "policy", "reference", "machine", "xla_flags",
                            "not_installed")}
-    kept["cases"] = [row for row in old.get("cases", []) if row["case"] not in cases]
-    if isinstance(kept.get("not_measured"), dict):
+    kept["cases"] = [row for row in old.get("cases", [])
+                     if row["case"] not in cases
+                     or row.get("autoreset_mode", "gymnax") != autoreset_mode]
+    if isinstance(kept.get("not_measured"), dict) and autoreset_mode == "gymnax":
         kept["not_measured"] = {case: why for case, why in kept["not_measured"].items()
                                 if case not in cases}
     return kept
