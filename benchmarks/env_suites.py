@@ -180,7 +180,8 @@ def measure(case: str, num_envs: int, num_steps: int, rounds: int, adapted_scan:
     sides["suite_own"], own_first = own_rollout(case.split("/", 1)[1], num_envs, num_steps,
                                                 seed=seed)
     row: dict[str, Any] = {"case": case, "autoreset_mode": autoreset_mode,
-                           "num_envs": num_envs, "num_steps": num_steps, "rounds": rounds, "construction_s": built - start,
+                           "num_envs": num_envs, "num_steps": num_steps, "rounds": rounds,
+                           "construction_s": built - start,
                            "first_sample_s": first_sample, "suite_own_first_call_s": own_first}
     if adapted_scan:
         env, params = adapters.make_suite_env(case, {})

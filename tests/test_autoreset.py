@@ -3,6 +3,7 @@ select) and "partial" (a few resets per step, fallback to all when many episodes
 
 import gymnax
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -166,6 +167,34 @@ def test_auto_step_with_keys__only_for_envs_that_keep_the_base_step():
     assert make_env_step(gymnax_step_fns(CartPole()), 8, "gymnax", 16).num_keys == 16
     assert make_env_step(gymnax_step_fns(CartPole()), 32, "partial", 16).num_keys == 32 + 2 + 1
     assert multi_agent_step_fns(MultiAgentCartPole()).auto_step_with_keys is not None
+
+
+def test_step_reads_key__deterministic_steps_get_no_step_keys():
+    """An env whose step without reset never reads its key (CartPole, the multi-agent
+    CartPole) is given no per-sub-env step keys: "gymnax" draws only the `B` reset keys,
+    "partial" only the `R + 1`; an env whose step reads its key (Acrobot's torque noise,
+    Catch's ball) keeps them. The schedule itself is pinned by test_reference_loop."""
+    from jaxrunner.core.autoreset import gymnax_step_fns, make_env_step, step_reads_key
+    from jaxrunner.core.multi_agent_rollout import multi_agent_step_fns
+    from jaxrunner.envs.multi_agent_cartpole import MultiAgentCartPole
+
+    key = jax.random.key(0)
+
+    def reads(fns, env, params, actions):
+        _, states = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, 4), params)
+        return step_reads_key(fns, key, states, actions, params)
+
+    for env_id, expected in (("CartPole-v1", False), ("Acrobot-v1", True),
+                             ("Catch-bsuite", True)):
+        env, params = gymnax.make(env_id)
+        actions = jnp.zeros((4,), jnp.int32)
+        assert reads(gymnax_step_fns(env), env, params, actions) is expected, env_id
+    ma_env = MultiAgentCartPole()
+    ma_actions = {a: jnp.zeros((4,), jnp.int32) for a in ma_env.agents}
+    assert not reads(multi_agent_step_fns(ma_env), ma_env, ma_env.default_params, ma_actions)
+    cartpole = gymnax_step_fns(gymnax.make("CartPole-v1")[0])
+    assert make_env_step(cartpole, 8, "gymnax", 16, step_keys=False).num_keys == 8
+    assert make_env_step(cartpole, 32, "partial", 16, step_keys=False).num_keys == 2 + 1
 
 
 def _random_splits(jaxpr) -> int:

@@ -16,7 +16,7 @@ import pytest
 from gymnax.environments import environment, spaces
 
 import jaxrunner
-from jaxrunner.core.autoreset import gymnax_step_fns, make_env_step
+from jaxrunner.core.autoreset import gymnax_step_fns, make_env_step, step_reads_key
 from jaxrunner.core.final_obs import slots_for
 from jaxrunner.core.rollout import sample_action_space
 
@@ -31,11 +31,16 @@ def reference_loop(env, env_params, action_space, key, num_envs: int, num_steps:
                    mode: str = "gymnax"):
     """`(obs, final_obs)` `(T, B, ...)` of random actions, keyed as the chunk keys them
     (`core.chunk.make_chunk_fns`: init split in 3, then one split per vector step into the
-    next key, the acting key and the env step's keys)."""
+    next key, the acting key and the env step's keys, step keys only for an env whose step
+    reads its key)."""
     key, reset_key, _ = jax.random.split(key, 3)
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs),
                                                         env_params)
-    vector_step = make_env_step(gymnax_step_fns(env), num_envs, mode, 16)
+    fns = gymnax_step_fns(env)
+    # The chunk gives per-sub-env step keys only to an env whose step reads its key.
+    example_actions = sample_action_space(action_space, key, num_envs)
+    step_keys = step_reads_key(fns, key, state, example_actions, env_params)
+    vector_step = make_env_step(fns, num_envs, mode, 16, step_keys=step_keys)
     env_step = jax.jit(vector_step.step)
     observations, finals = [], []
     for _ in range(num_steps):

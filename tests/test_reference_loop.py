@@ -3,14 +3,15 @@
 The reference steps one sub-env at a time with gymnax's `step_env`, `is_truncated` and
 `reset_env` in plain Python (no scan, no vmap, auto-reset where an episode ended), derives
 the keys the way the runner documents it (DESIGN.md "Construction", core/chunk.py,
-core/autoreset.py), and takes the actions from the runner's batch. It must
+core/autoreset.py: per-sub-env step keys only for an env whose step reads its key), and
+takes the actions from the runner's batch, for an env whose step reads its key (Acrobot
+draws its torque noise from it) and one whose step does not (CartPole). It must
 reproduce the observations, rewards, terminated/truncated flags, final observations and
 episode boundaries (ids, `t_started`, lengths) of every call.
 """
 
 from __future__ import annotations
 
-import gymnax
 import jax
 import numpy as np
 import pytest
@@ -31,8 +32,10 @@ def _rounded(obs) -> tuple:
 class ReferenceLoop:
     """RLlib-style bookkeeping over eager, one-env-at-a-time gymnax steps."""
 
-    def __init__(self, env, params, seed: int, worker_index: int | None, num_envs: int):
+    def __init__(self, env, params, seed: int, worker_index: int | None, num_envs: int,
+                 step_keys: bool):
         self.env, self.params, self.num_envs = env, params, num_envs
+        self.step_keys = step_keys  # whether the env's step reads its key
         base = jax.random.key(seed + (worker_index or 0))
         key = jax.random.fold_in(base, 2)  # the runner's initial-carry stream
         self.key, reset_key = jax.random.split(key)
@@ -66,15 +69,19 @@ class ReferenceLoop:
         first_obs = list(self.obs)
         for t in range(steps):
             # The chunk's one key split per vector step: next key, acting key, then each
-            # sub-env's step key and reset key (what gymnax's step splits its key into).
-            keys = jax.random.split(self.key, 2 + 2 * self.num_envs)
+            # sub-env's step key (when the env's step reads one) and reset key (what
+            # gymnax's step splits its key into). A step that reads no key gets the first
+            # reset key, unread.
+            per_env = 2 if self.step_keys else 1
+            keys = jax.random.split(self.key, 2 + per_env * self.num_envs)
             self.key = keys[0]
+            resets = 2 + (self.num_envs if self.step_keys else 0)
             row = {name: [] for name in record}
             for i in range(self.num_envs):
                 row["obs"].append(self.obs[i])
                 obs, state, reward, terminated, truncated, info = self._auto_step(
-                    keys[2 + i], keys[2 + self.num_envs + i], self.states[i],
-                    actions[t, i])
+                    keys[2 + i] if self.step_keys else keys[2], keys[resets + i],
+                    self.states[i], actions[t, i])
                 terminated, truncated = bool(terminated), bool(truncated)
                 row["rewards"].append(float(reward))
                 row["terminated"].append(terminated)
@@ -110,9 +117,24 @@ def runner():
                                           num_workers=1)
 
 
-def test_reference_loop__reproduces_runner_steps_and_episodes(runner):
-    env, params = gymnax.make("CartPole-v1")
-    reference = ReferenceLoop(env, params, SEED, WORKER_INDEX, NUM_ENVS)
+# (env, env_config, whether its step reads its key): Acrobot draws torque noise from its
+# step key; its episodes are cut to 9 steps so the calls cross episode boundaries. The
+# two key schedules place the reset keys differently, so a runner that used the other
+# schedule would start different episodes.
+REFERENCE_ENVS = [("CartPole-v1", {}, False),
+                  ("Acrobot-v1", {"max_steps_in_episode": 9}, True)]
+
+
+@pytest.mark.parametrize("env_id,env_config,step_keys", REFERENCE_ENVS)
+def test_reference_loop__reproduces_runner_steps_and_episodes(env_id, env_config, step_keys):
+    from jaxrunner.envs.registry import make_gymnax_env
+
+    env, params = make_gymnax_env(env_id, env_config)
+    config = make_config(env_id, num_envs=NUM_ENVS, fragment=8, seed=SEED)
+    config.environment(env_id, env_config=env_config)
+    runner = jaxrunner.SingleAgentEnvRunner(config=config, worker_index=WORKER_INDEX,
+                                            num_workers=1)
+    reference = ReferenceLoop(env, params, SEED, WORKER_INDEX, NUM_ENVS, step_keys)
     boundaries = 0
     # Calls of 10, 7 and 20 vector steps: several chunks of 8, episodes cut across calls.
     for vector_steps in (10, 7, 20):

@@ -229,10 +229,23 @@ def test_sample__episode_chunks_follow_rllib_cut_semantics(runner):
             assert episode.get_extra_model_outputs("action_logp").shape == (len(episode),)
             assert episode.get_extra_model_outputs("action_dist_inputs").shape == (
                 len(episode), 2)
-    cut = {e.id_: e for e in first if not e.is_done}
-    assert len(cut) == num_envs  # every sub-env's running episode was cut
+    # Per sub-env (ids end with the sub-env in 5 hex digits, then an 8-digit episode
+    # counter): every episode but the call's last is done, and the last is cut (not done,
+    # continued by the next call) unless it ended at the call's last step.
+    by_env: dict[str, list] = {}
+    for episode in first:
+        by_env.setdefault(episode.id_[-13:-8], []).append(episode)
+    assert len(by_env) == num_envs
+    cut = {}
+    for parts in by_env.values():
+        parts.sort(key=lambda e: e.id_[-8:])
+        assert all(e.is_done for e in parts[:-1])
+        if not parts[-1].is_done:
+            cut[parts[-1].id_] = parts[-1]
+    assert cut, "the first call should have cut a running episode"
     continued = [e for e in second if e.id_ in cut]
-    assert len(continued) == num_envs
+    assert len(continued) == len(cut)
+    assert all(e.t_started == 0 for e in second if e.id_ not in cut)
     for successor in continued:
         predecessor = cut[successor.id_]
         assert successor.t_started == predecessor.t

@@ -20,7 +20,10 @@ auto-resetting step only splits its key into a step key and a reset key (gymnax'
 `Environment.step`, jaxrunner's `MultiAgentEnv.step`) is stepped through
 `EnvStepFns.auto_step_with_keys` with both keys from that split: the same transition
 without `B` more key splits per step (on XLA:CPU every random-bits call is a loop of its
-own, and a CartPole step at 16 sub-envs ran 12 % faster without them).
+own, and a CartPole step at 16 sub-envs ran 12 % faster without them). An env whose step
+without reset never reads its key (CartPole, Pendulum, most classic control:
+`step_reads_key`, read from the step's jaxpr) gets no per-sub-env step keys at all: its
+transition is given one shared key it ignores, and the split draws only the reset keys.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxrunner.core.dependence import reads_first_argument
 from jaxrunner.core.faults import select_rows
 
 AUTORESET_MODES = ("gymnax", "partial")
@@ -74,41 +78,66 @@ def check_partial_autoreset_env(env: Any) -> None:
         )
 
 
-def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio: int
-                  ) -> VectorEnvStep:
+def step_reads_key(fns: EnvStepFns, key: jax.Array, states: Any, actions: Any,
+                   env_params: Any) -> bool:
+    """Whether the env's step without reset (`fns.step_no_reset`, the transition that
+    "gymnax" mode's step key and "partial" mode's step keys go to) reads its key, from its
+    jaxpr traced on one sub-env. `key` is a typed key; `states` and `actions` are batched
+    over the `B` sub-envs (arrays, tracers or shape structs). True when unknown (no such
+    step, or it cannot be traced alone)."""
+    if fns.step_no_reset is None:
+        return True
+
+    def one_sub_env(tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], x.dtype), tree)
+
+    return reads_first_argument(fns.step_no_reset, key, one_sub_env(states),
+                                one_sub_env(actions), env_params)
+
+
+def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio: int,
+                  step_keys: bool = True) -> VectorEnvStep:
     """The `VectorEnvStep` over the `B` sub-envs, with auto-reset in the same step (see the
     module docstring for the two modes and the keys).
 
     Keys: "gymnax" takes `2 B` (each sub-env's step and reset key) with
     `fns.auto_step_with_keys`, else `B` (one per sub-env's `auto_step`); "partial" takes
     `B + R + 1` (the steps', the `R` resets' and one split into `B` reset keys when more
-    than `R` sub-envs finish)."""
+    than `R` sub-envs finish). `step_keys=False` (for an env whose step without reset does
+    not read its key, `step_reads_key`) leaves out the `B` step keys of both modes ("gymnax"
+    with `auto_step_with_keys` then takes `B`, "partial" `R + 1`): every sub-env's
+    transition gets the step's first key, which it ignores."""
     if mode not in AUTORESET_MODES:
         raise ValueError(f"autoreset_mode must be one of {AUTORESET_MODES}, got {mode!r}.")
     if mode == "gymnax":
-        if fns.auto_step_with_keys is not None:
-            step_with_keys = jax.vmap(fns.auto_step_with_keys, in_axes=(0, 0, 0, 0, None))
-            return VectorEnvStep(2 * num_envs, lambda keys, states, actions, env_params:
-                                 step_with_keys(keys[:num_envs], keys[num_envs:], states,
-                                                actions, env_params))
-        return VectorEnvStep(num_envs, jax.vmap(fns.auto_step, in_axes=(0, 0, 0, None)))
+        if fns.auto_step_with_keys is None:
+            return VectorEnvStep(num_envs, jax.vmap(fns.auto_step, in_axes=(0, 0, 0, None)))
+        if not step_keys:
+            shared_key_step = jax.vmap(fns.auto_step_with_keys, in_axes=(None, 0, 0, 0, None))
+            return VectorEnvStep(num_envs, lambda keys, states, actions, env_params:
+                                 shared_key_step(keys[0], keys, states, actions, env_params))
+        step_with_keys = jax.vmap(fns.auto_step_with_keys, in_axes=(0, 0, 0, 0, None))
+        return VectorEnvStep(2 * num_envs, lambda keys, states, actions, env_params:
+                             step_with_keys(keys[:num_envs], keys[num_envs:], states,
+                                            actions, env_params))
     if fns.step_no_reset is None:
         raise ValueError("autoreset_mode='partial' needs an env with a step without reset "
                          "(step_env) and reset_env; use autoreset_mode='gymnax' for this env.")
     resets_per_step = max(1, math.ceil(num_envs / partial_reset_ratio))
-    step_no_reset = jax.vmap(fns.step_no_reset, in_axes=(0, 0, 0, None))
+    step_no_reset = jax.vmap(fns.step_no_reset, in_axes=(0 if step_keys else None, 0, 0, None))
     reset = jax.vmap(fns.reset, in_axes=(0, None))
     episode_done = jax.vmap(fns.episode_done)
+    first_reset_key = num_envs if step_keys else 0  # the reset keys follow the step keys
 
     def env_step(keys, states, actions, env_params):
         obs, states, reward, terminated, truncated, info = step_no_reset(
-            keys[:num_envs], states, actions, env_params)
+            keys[:num_envs] if step_keys else keys[0], states, actions, env_params)
         done = episode_done(terminated, truncated)
 
         def few(args):
             step_obs, step_states = args
             index = jnp.nonzero(done, size=resets_per_step, fill_value=num_envs)[0]
-            new_obs, new_states = reset(keys[num_envs:num_envs + resets_per_step],
+            new_obs, new_states = reset(keys[first_reset_key:first_reset_key + resets_per_step],
                                         env_params)
             put = lambda cur, new: cur.at[index].set(new, mode="drop")  # noqa: E731
             return (jax.tree.map(put, step_obs, new_obs),
@@ -125,7 +154,7 @@ def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio
         info = {**info, "final_observation": obs}
         return next_obs, next_states, reward, terminated, truncated, info
 
-    return VectorEnvStep(num_envs + resets_per_step + 1, env_step)
+    return VectorEnvStep(first_reset_key + resets_per_step + 1, env_step)
 
 
 def select_where(done: jax.Array, new: Any, old: Any) -> Any:
@@ -179,4 +208,5 @@ def gymnax_step_fns(env: Any) -> EnvStepFns:
 
 
 __all__ = ["AUTORESET_MODES", "EnvStepFns", "VectorEnvStep", "check_partial_autoreset_env",
-           "gymnax_step_fns", "has_base_gymnax_step", "make_env_step", "select_where"]
+           "gymnax_step_fns", "has_base_gymnax_step", "make_env_step", "select_where",
+           "step_reads_key"]

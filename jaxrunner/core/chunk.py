@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxrunner.core.autoreset import make_env_step
+from jaxrunner.core.autoreset import make_env_step, step_reads_key
 from jaxrunner.core.callbacks import EpisodeStart, batched_info, per_env_struct
 from jaxrunner.core.carry import ChunkInfo, MetricRegisters
 from jaxrunner.core.faults import recreate_failed, step_failed
@@ -156,9 +156,8 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
     env, num_envs = spec.env, spec.num_envs
     step_fns = layout.step_fns
     vmapped_reset = jax.vmap(env.reset, in_axes=(0, None))
-    env_step = make_env_step(step_fns, num_envs, spec.autoreset_mode, spec.partial_reset_ratio)
     callbacks = getattr(spec, "callbacks", None)
-    bound: dict[str, Any] = {}  # the callbacks with their metric names, once traced
+    bound: dict[str, Any] = {}  # the vector env step and the bound callbacks, once traced
 
     def reset_all(key: jax.Array, env_params: Any):
         return strong_types(vmapped_reset(jax.random.split(key, num_envs), env_params))
@@ -173,6 +172,18 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         if callbacks is not None:
             carry = carry.replace(callbacks=bound_callbacks(carry, params, env_params).init(obs))
         return carry
+
+    def vector_env_step(carry: Any, params: Any, env_params: Any):
+        """The vector env step, built at the first trace: the env's shapes say whether its
+        step reads its key (if not, the step's split leaves out the `B` step keys)."""
+        if "env_step" not in bound:
+            actions = jax.eval_shape(lambda c, p, e: layout.act(p, c, c.key, e)[0], carry,
+                                     params, env_params)
+            step_keys = step_reads_key(step_fns, carry.key, carry.env_state, actions,
+                                       env_params)
+            bound["env_step"] = make_env_step(step_fns, num_envs, spec.autoreset_mode,
+                                              spec.partial_reset_ratio, step_keys=step_keys)
+        return bound["env_step"]
 
     def bound_callbacks(carry: Any, params: Any, env_params: Any):
         """The device callbacks bound to this layout's step view (traced once)."""
@@ -202,6 +213,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
     def one_step(carry: Any, params: Any, env_params: Any, cbs: Any, want_view: bool):
         """One vector step: `(carry, record, callback view or None, (B, K) callback
         values or None)`; the view is built only with `cbs` or `want_view`."""
+        env_step = vector_env_step(carry, params, env_params)
         keys = jax.random.split(carry.key, 2 + env_step.num_keys)  # the step's one split
         key, act_key = keys[0], keys[1]
         env_actions, acted = layout.act(params, carry, act_key, env_params)

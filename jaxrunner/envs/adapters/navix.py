@@ -41,8 +41,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Literal
 
+from jaxrunner.core.dependence import outputs_depend_on
 from jaxrunner.envs.adapters.base import (SuiteAdapter, SuiteState, construct, first_state,
                                           next_state, split_done)
 from jaxrunner.envs.spaces import to_gymnax
@@ -110,23 +110,9 @@ def fixed_rendering_cache(env: Any) -> Any:
         traced = jax.make_jaxpr(cache_of)(key)
     except AttributeError:  # a Navix version whose state has no rendering cache
         return None
-    if _depends_on_inputs(traced.jaxpr):
+    if outputs_depend_on(traced.jaxpr, traced.jaxpr.invars):
         return None
     return jax.jit(cache_of)(key)
-
-
-def _depends_on_inputs(jaxpr: Any) -> bool:
-    """Whether any output of `jaxpr` depends on its inputs (an equation with an input that
-    depends on them is taken to make all its outputs depend on them)."""
-    depends = set(jaxpr.invars)
-
-    def reads(atoms) -> bool:
-        return any(not isinstance(a, Literal) and a in depends for a in atoms)
-
-    for eqn in jaxpr.eqns:
-        if reads(eqn.invars):
-            depends.update(eqn.outvars)
-    return reads(jaxpr.outvars)
 
 
 def make(env_id: str, env_config: dict) -> tuple[NavixEnv, Any]:

@@ -1,0 +1,48 @@
+"""Which outputs of a traced function depend on which of its inputs, read from its jaxpr.
+
+The rollout core uses it to leave out work an env never reads (the per-sub-env step keys
+of an env whose step is deterministic); the Navix adapter to see whether a rendering cache
+depends on the reset key. The analysis is conservative: an equation that reads a
+dependent value makes all its outputs dependent, nested jaxprs (cond, scan, pjit) included,
+so "independent" is always true and "dependent" may be a false alarm.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.extend.core import Literal
+
+
+def outputs_depend_on(jaxpr: Any, inputs: Sequence[Any]) -> bool:
+    """Whether any output of `jaxpr` (a `jax.extend.core.Jaxpr`) depends on the input
+    variables `inputs` (some of `jaxpr.invars`)."""
+    depends = set(inputs)
+
+    def reads(atoms) -> bool:
+        return any(not isinstance(a, Literal) and a in depends for a in atoms)
+
+    for eqn in jaxpr.eqns:
+        if reads(eqn.invars):
+            depends.update(eqn.outvars)
+    return reads(jaxpr.outvars)
+
+
+def reads_first_argument(fn: Callable, first: Any, *rest: Any) -> bool:
+    """Whether any output of `fn(first, *rest)` depends on `first`, traced with the
+    shapes and dtypes of the arguments (arrays, tracers or `jax.ShapeDtypeStruct`s).
+    True when `fn` cannot be traced on its own (nothing is left out then)."""
+    def abstract(tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), x.dtype)
+                            if hasattr(x, "dtype") else x, tree)
+
+    try:
+        closed = jax.make_jaxpr(fn)(abstract(first), *(abstract(r) for r in rest))
+    except Exception:  # noqa: BLE001 - an untraceable step keeps every key it is given
+        return True
+    num_first = len(jax.tree.leaves(first))
+    return outputs_depend_on(closed.jaxpr, closed.jaxpr.invars[:num_first])
+
+
+__all__ = ["outputs_depend_on", "reads_first_argument"]
