@@ -87,15 +87,16 @@ class NavixEnv(SuiteAdapter):
 
     def _carried(self, timestep: Any) -> Any:
         """`timestep` as the state carries it: without a fixed rendering cache."""
-        if self.rendering_cache is None:
-            return timestep
-        return timestep.replace(state=timestep.state.replace(cache=None))
+        return self._set_cache(timestep, None)
 
     def _with_cache(self, timestep: Any) -> Any:
         """A carried `timestep` as Navix steps it: with its fixed rendering cache."""
-        if self.rendering_cache is None:
+        return self._set_cache(timestep, self.rendering_cache)
+
+    def _set_cache(self, timestep: Any, cache: Any) -> Any:
+        if self.rendering_cache is None:  # a random base map: its cache stays in the state
             return timestep
-        return timestep.replace(state=timestep.state.replace(cache=self.rendering_cache))
+        return timestep.replace(state=timestep.state.replace(cache=cache))
 
 
 def fixed_rendering_cache(env: Any) -> Any:
