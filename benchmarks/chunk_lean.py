@@ -4,11 +4,14 @@ kernels of both compiled programs.
     python benchmarks/chunk_lean.py [--num-envs 16 128 1024] [--rounds 10]
                                     [--output benchmarks/results/throughput_chunk_lean.json]
 
-Three sides in alternating rounds in one process (CartPole-v1, 64x64 tanh MLP, sampled
-actions, 128 steps a call): the bare scan (`jaxrunner.benchmarking.make_bare_scan`), the
-pure sampler's jitted `sample()` (one chunk, `jaxrunner.make_sampler`) and
-`runner.sample()`. Targets: the sampler >= 0.97 of the bare scan (issue 17);
-`runner.sample()` >= 0.9 at 16-128 envs and >= 0.95 at >= 1024 (issue 15).
+Four sides in alternating rounds in one process (CartPole-v1, 64x64 tanh MLP, sampled
+actions, 128 steps a call): the bare scan (`jaxrunner.benchmarking.make_bare_scan`) as a
+hand-written scan compiles (JAX's default lowering), the same bare scan compiled with
+jaxrunner's unrolled Threefry lowering (`jaxrunner.lowering`; the ratio to it is the
+bookkeeping's own cost), the pure sampler's jitted `sample()` (one chunk,
+`jaxrunner.make_sampler`) and `runner.sample()`. Targets (against the first): the sampler
+>= 0.97 of the bare scan (issue 17); `runner.sample()` >= 0.9 at 16-128 envs and >= 0.95
+at >= 1024 (issue 15).
 
 The static part counts, in each program's optimized HLO (`jit(...).lower(...).compile()`),
 the instructions of the time loop's body by opcode (fusions, copies, scatters, in-place
@@ -32,6 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxrunner  # noqa: E402
+from jaxrunner import lowering  # noqa: E402
 from jaxrunner.benchmarking import (compare, machine_info, make_bare_scan,  # noqa: E402
                                     make_policy, strong_types)
 
@@ -58,7 +62,7 @@ def make_sampler_side(num_envs: int, num_steps: int, **env_runners: Any):
         jax.block_until_ready(traj)
 
     run()
-    lowered = jax.jit(lambda s, p, n: sampler.sample(s, p, num_steps=n)).lower(
+    lowered = lowering.jit(lambda s, p, n: sampler.sample(s, p, num_steps=n)).lower(
         holder["state"], params, np.int32(num_steps))
     return run, lowered
 
@@ -73,7 +77,7 @@ def make_runner_side(num_envs: int, num_steps: int, **env_runners: Any):
     return run
 
 
-def bare_scan_lowered(num_envs: int, num_steps: int):
+def bare_scan_lowered(num_envs: int, num_steps: int, unrolled_rng: bool = False):
     """The bare scan of `make_bare_scan`, lowered (for its HLO)."""
     import gymnax
 
@@ -105,7 +109,7 @@ def bare_scan_lowered(num_envs: int, num_steps: int):
                                                         params)
     carry = strong_types((obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
                           jnp.zeros((), jnp.int32)))
-    return jax.jit(rollout).lower(carry)
+    return (lowering.jit if unrolled_rng else jax.jit)(rollout).lower(carry)
 
 
 def _computations(text: str) -> dict[str, list[str]]:
@@ -169,6 +173,8 @@ def run(num_envs_list, num_steps: int, rounds: int, output: str | None, log=prin
     for num_envs in num_envs_list:
         sampler_run, sampler_lowered = make_sampler_side(num_envs, num_steps)
         sides = {"bare_scan": make_bare_scan(ENV_ID, num_envs, num_steps, HIDDENS, False),
+                 "bare_scan_unrolled_rng": make_bare_scan(ENV_ID, num_envs, num_steps, HIDDENS,
+                                                          False, unrolled_rng=True),
                  "sampler": sampler_run,
                  "runner_sample": make_runner_side(num_envs, num_steps)}
         load_before = os.getloadavg()[0]
@@ -179,6 +185,8 @@ def run(num_envs_list, num_steps: int, rounds: int, output: str | None, log=prin
                 "kernels": {
                     "bare_scan": kernel_counts(
                         bare_scan_lowered(num_envs, num_steps).compile().as_text()),
+                    "bare_scan_unrolled_rng": kernel_counts(
+                        bare_scan_lowered(num_envs, num_steps, True).compile().as_text()),
                     "sampler": kernel_counts(sampler_lowered.compile().as_text())}}
         results["cases"].append(case)
         log(json.dumps({k: case[k] for k in ("num_envs", "ratio_to_bare_scan",

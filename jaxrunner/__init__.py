@@ -35,6 +35,7 @@ from jaxrunner.errors import SampleArgumentError as SampleArgumentError
 from jaxrunner.errors import StateStructureError as StateStructureError
 from jaxrunner.errors import StepFailedRecreateEnvError as StepFailedRecreateEnvError
 from jaxrunner.fork_warning import ignore_subprocess_fork_warning as _ignore_fork_warning
+from jaxrunner.lowering import unrolled_threefry as unrolled_threefry
 from jaxrunner.metrics.custom import MetricsLogger as MetricsLogger
 from jaxrunner.modules.multi_rl_module import MultiRLModule as MultiRLModule
 from jaxrunner.modules.recurrent import GRUModule as GRUModule
@@ -118,4 +119,5 @@ __all__ = [
     "register_env",
     "runner_class_for",
     "structure_diff",
+    "unrolled_threefry",
 ]

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner import lowering
 from jaxrunner.config import RunnerConfig
 from jaxrunner.core.chunk import strong_types
 from jaxrunner.runners.single_agent_env_runner import SingleAgentEnvRunner
@@ -76,7 +77,8 @@ def make_policy(obs_size: int, action_space: Any, hiddens: tuple[int, ...], *,
 
 
 def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: int,
-                      num_steps: int, seed: int = 0) -> Callable[[], Any]:
+                      num_steps: int, seed: int = 0, unrolled_rng: bool = False
+                      ) -> Callable[[], Any]:
     """A PureJaxRL-style rollout, jitted: `run()` does one `lax.scan` of `num_steps` steps.
 
     `reset(keys [B]) -> (obs, state)` and `step(keys [B], state, action) -> (obs, state,
@@ -86,7 +88,11 @@ def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: 
     episodes' returns on device. The carry holds strong types only, so the second call
     runs the first call's program (no recompilation in the timed calls). `run()` returns
     the rollout's time-major trajectory `(obs, action, reward, done, logp)`, each
-    `[num_steps, num_envs, ...]`, on device; it is not called here."""
+    `[num_steps, num_envs, ...]`, on device; it is not called here.
+
+    `unrolled_rng`: compile with jaxrunner's unrolled Threefry lowering
+    (`jaxrunner.lowering`), as jaxrunner's own programs are; default JAX's lowering, as a
+    hand-written scan gets."""
 
     def body(carry, _):
         obs, state, key, ret, ret_sum, episodes = carry
@@ -101,13 +107,14 @@ def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: 
         return (next_obs, state, key, ret, ret_sum, episodes), (obs, action, reward, done,
                                                                 logp)
 
-    @jax.jit
     def rollout(carry):
         carry, traj = jax.lax.scan(body, carry, None, length=num_steps)
         return strong_types(carry), traj
 
+    jit = lowering.jit if unrolled_rng else jax.jit
+    rollout = jit(rollout)
     key, reset_key = jax.random.split(jax.random.key(seed))
-    obs, state = jax.jit(reset)(jax.random.split(reset_key, num_envs))
+    obs, state = jit(reset)(jax.random.split(reset_key, num_envs))
     holder = {"carry": strong_types((obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
                                      jnp.zeros((), jnp.int32)))}
 
@@ -119,11 +126,13 @@ def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: 
 
 
 def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
-                   random_actions: bool, seed: int = 0) -> Callable[[], None]:
+                   random_actions: bool, seed: int = 0, unrolled_rng: bool = False
+                   ) -> Callable[[], None]:
     """A hand-written PureJaxRL-style rollout of a gymnax id or an `(env, params)` pair
     (e.g. an adapted env suite's): `make_scan_rollout` over `vmap` of the env's
     auto-resetting `step` (done = terminated | truncated) with `make_policy`'s policy.
-    Returns `run()` that does one rollout, already called once (compiled)."""
+    Returns `run()` that does one rollout, already called once (compiled).
+    `unrolled_rng`: as `make_scan_rollout`'s."""
     import gymnax
 
     env, params = gymnax.make(env_id) if isinstance(env_id, str) else env_id
@@ -139,7 +148,8 @@ def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[in
             env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
         return obs, state, reward, terminated | truncated
 
-    run = make_scan_rollout(reset, step, act, num_envs, num_steps, seed=seed)
+    run = make_scan_rollout(reset, step, act, num_envs, num_steps, seed=seed,
+                            unrolled_rng=unrolled_rng)
     run()
     return run
 

@@ -49,6 +49,7 @@ from jaxrunner.core.callbacks import CustomRegisters, MetricSpec
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.chunk import POLICY_MODES, ChunkFns
 from jaxrunner.core.ring import NO_EPISODE_LIMIT
+from jaxrunner import lowering
 
 CARRY_COMPONENT = "env_runner_carry"
 _MOD = 2**32
@@ -278,10 +279,10 @@ class Sampler:
         if mode not in self._jitted:
             fns = self.chunk_fns(mode)
             self._jitted[mode] = {
-                "init_carry": jax.jit(fns.init_carry),
-                "reset_carry": jax.jit(fns.reset_carry, donate_argnums=(0,)),
-                "init_lookback": jax.jit(fns.init_lookback),
-                "chunk": jax.jit(fns.chunk, donate_argnums=(0,)),
+                "init_carry": lowering.jit(fns.init_carry),
+                "reset_carry": lowering.jit(fns.reset_carry, donate_argnums=(0,)),
+                "init_lookback": lowering.jit(fns.init_lookback),
+                "chunk": lowering.jit(fns.chunk, donate_argnums=(0,)),
             }
         return self._jitted[mode]
 
@@ -403,7 +404,7 @@ class Sampler:
         """`sample`, jitted once per policy mode (the state is donated)."""
         mode = _mode(explore, random_actions)
         if mode not in self._jit_sample:
-            self._jit_sample[mode] = jax.jit(
+            self._jit_sample[mode] = lowering.jit(
                 lambda s, p, e, n: self.sample(s, p, e, num_steps=n, explore=explore,
                                                random_actions=random_actions),
                 donate_argnums=(0,))
@@ -527,7 +528,7 @@ class Sampler:
         state = SamplerState(carry=carry, lookback=lookback, counters=counters)
         if saved.get("needs_reset"):
             if self._jit_reset is None:
-                self._jit_reset = jax.jit(self.reset)
+                self._jit_reset = lowering.jit(self.reset)
             state = self._jit_reset(state, self.env_params)
         return state
 

@@ -28,6 +28,7 @@ import gymnasium as gym
 import jax
 import jax.numpy as jnp
 
+from jaxrunner import lowering
 from jaxrunner.modules.distributions import distribution_for
 
 DEFAULT_MODULE_ID = "default_policy"
@@ -109,7 +110,7 @@ def init_params(module: Any, key: jax.Array) -> Any:
     build. Modules whose `init` needs concrete values (Python control flow on arrays)
     are initialised eagerly instead."""
     try:
-        return jax.jit(module.init)(key)
+        return lowering.jit(module.init)(key)
     except jax.errors.JAXTypeError:
         return module.init(key)
 

@@ -65,6 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxrunner import lowering
 from jaxrunner.core.carry import Lookback, RolloutCarry, Trajectory, pack_step_flags
 from jaxrunner.core.final_obs import store_from_dense
 from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, write_ring
@@ -235,7 +236,7 @@ def make_host_policy(*, module: Any, env_to_module: Any, module_to_env: Any,
     module_state = jax.tree.map(
         lambda x: jnp.broadcast_to(jnp.asarray(x), (num_envs,) + jnp.shape(x)),
         module.get_initial_state())
-    return HostPolicy(step=jax.jit(policy_step), initial_module_state=module_state,
+    return HostPolicy(step=lowering.jit(policy_step), initial_module_state=module_state,
                       initial_connector_state=(env_to_module.init_state(num_envs),
                                                module_to_env.init_state(num_envs)))
 

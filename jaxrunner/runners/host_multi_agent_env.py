@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner import lowering
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.chunk import StepOutcome, finish_chunk
 from jaxrunner.core.multi_agent_rollout import MultiAgentCarry, MultiAgentLayout
@@ -124,7 +125,7 @@ _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensiv
 
 
 def _jit(fn, **kwargs):
-    return jax.jit(fn, compiler_options=_FAST_COMPILE, **kwargs)
+    return lowering.jit(fn, compiler_options=_FAST_COMPILE, **kwargs)
 
 
 def _act_fn(layout: MultiAgentLayout):

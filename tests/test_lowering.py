@@ -1,0 +1,107 @@
+"""The unrolled Threefry-2x32 lowering (`jaxrunner.lowering`): the same random bits as
+JAX's default lowering, no loop in the compiled program, JAX's own lowering back outside
+the context, and jaxrunner's programs compiled with it."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.random import threefry_2x32
+
+import jaxrunner
+from jaxrunner import lowering
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                reason="the lowering differs from JAX's on CPU only")
+
+
+def _random_program():
+    """A fresh function (so no earlier lowering of it is cached) drawing from most of
+    `jax.random`: splits, fold-ins, uniform/normal/integer draws, categorical, a
+    permutation, vmapped over keys and not."""
+    def draws(key):
+        k1, k2 = jax.random.split(key)
+        keys = jax.random.split(k2, 7)
+        return (jax.random.key_data(keys), jax.random.uniform(k1, (3, 5)),
+                jax.random.normal(k2, (4,)),
+                jax.vmap(lambda k: jax.random.categorical(k, jnp.arange(3.0)))(keys),
+                jax.random.key_data(jax.random.fold_in(key, 7)),
+                jax.random.bits(k1, (9,), jnp.uint8), jax.random.permutation(k1, 10),
+                jax.random.randint(k2, (2, 2), 0, 100),
+                jax.vmap(lambda k: jax.random.normal(k, (2,)))(keys))
+    return draws
+
+
+def _threefry_loops(compiled_text: str) -> list[str]:
+    return [name for name in re.findall(r'while\(.*?op_name="([^"]*)"', compiled_text)
+            if "threefry" in name or "_uniform" in name or "_gumbel" in name
+            or "_normal" in name]
+
+
+def test_unrolled_hash__equals_jax_threefry_2x32_on_random_words():
+    words = np.random.default_rng(0).integers(0, 2**32, size=(6, 33), dtype=np.uint32)
+    key = jnp.asarray(words[:2, 0])
+    expected = threefry_2x32(key, jnp.asarray(words[2:4].reshape(-1)))
+    got = jnp.concatenate(lowering.threefry2x32_unrolled(
+        key[0], key[1], jnp.asarray(words[2]), jnp.asarray(words[3])))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+    # Broadcast key words (one per count) as the batched primitive passes them.
+    got = lowering.threefry2x32_unrolled(*(jnp.asarray(w) for w in words[:4]))
+    for i in range(words.shape[1]):
+        one = threefry_2x32(jnp.asarray(words[:2, i]), jnp.asarray(words[2:4, i]))
+        np.testing.assert_array_equal(np.asarray([got[0][i], got[1][i]]), np.asarray(one))
+
+
+def test_jit__same_random_values_as_jax_default_without_a_loop():
+    assert lowering.UNROLLED_THREEFRY_AVAILABLE
+    unrolled, default = lowering.jit(_random_program()), jax.jit(_random_program())
+    key = jax.random.key(0)
+    assert _threefry_loops(unrolled.lower(key).compile().as_text()) == []
+    assert _threefry_loops(default.lower(key).compile().as_text())  # JAX's own: loops
+    for seed in range(8):
+        key = jax.random.key(seed)
+        for got, want in zip(unrolled(key), default(key)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_context__restores_jax_lowering_after_nesting_errors_and_threads():
+    with lowering.unrolled_threefry():
+        with lowering.unrolled_threefry():
+            pass
+        inner = jax.jit(_random_program()).lower(jax.random.key(0)).compile().as_text()
+        assert _threefry_loops(inner) == []  # still inside the outer context
+    with pytest.raises(ZeroDivisionError):
+        with lowering.unrolled_threefry():
+            1 / 0
+
+    def enter_and_leave():
+        for _ in range(50):
+            with lowering.unrolled_threefry():
+                pass
+
+    threads = [threading.Thread(target=enter_and_leave) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    after = jax.jit(_random_program()).lower(jax.random.key(0)).compile().as_text()
+    assert _threefry_loops(after), "JAX's default lowering was not restored"
+
+
+def test_runner_programs__compiled_with_the_unrolled_hash():
+    config = (jaxrunner.RunnerConfig().environment("CartPole-v1")
+              .env_runners(num_envs_per_env_runner=4, rollout_fragment_length=8)
+              .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
+    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    runner.sample()
+    fns = runner.sampler.jitted("explore")
+    assert isinstance(fns["chunk"], lowering.UnrolledRngJit)
+    lowered = fns["chunk"].lower(runner._carry, runner._lookback, runner._params,
+                                 runner.env_params, np.int32(8), np.int32(1), np.int32(1),
+                                 np.int32(0))
+    assert _threefry_loops(lowered.compile().as_text()) == []
