@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from jaxrunner import lowering  # noqa: E402
 from jaxrunner.benchmarking import compare, machine_info  # noqa: E402
 from jaxrunner.config import RunnerConfig  # noqa: E402
 from jaxrunner.envs.context import EnvContext  # noqa: E402
@@ -41,8 +42,11 @@ def _mapping(agent_id: str, episode: Any) -> str:
 
 
 def make_bare_scan(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
-                   env_config: dict, seed: int = 0) -> Callable[[], None]:
-    """A hand-written PureJaxRL-style multi-agent rollout; returns `run()`."""
+                   env_config: dict, seed: int = 0, unrolled_rng: bool = False
+                   ) -> Callable[[], None]:
+    """A hand-written PureJaxRL-style multi-agent rollout; returns `run()`. `unrolled_rng`:
+    compiled with jaxrunner's unrolled Threefry lowering (`jaxrunner.lowering`), as the
+    runner's programs are; default JAX's own lowering, as a hand-written scan gets."""
     env, params, _ = make_multi_agent_env(env_id, EnvContext(env_config))
     agents = tuple(env.agents)
     modules = {a: DefaultMLPModule(to_gymnasium(env.observation_space(a, params)),
@@ -77,9 +81,10 @@ def make_bare_scan(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[in
                       logps[a]) for a in agents}
         return (next_obs, state, key, ret, ret_sum, episodes), record
 
-    @jax.jit
     def rollout(carry):
         return jax.lax.scan(step, carry, None, length=num_steps)
+
+    rollout = (lowering.jit if unrolled_rng else jax.jit)(rollout)
 
     holder = {"carry": (obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
                         jnp.zeros((), jnp.int32))}
@@ -139,7 +144,10 @@ def main() -> None:
                                   env_config)
         get_metrics()
         env_steps = num_envs * args.num_steps
-        sides = {"jaxrunner": run_ours, "bare_scan": run_bare}
+        sides = {"jaxrunner": run_ours, "bare_scan": run_bare,
+                 "bare_scan_unrolled_rng": make_bare_scan(
+                     args.env, num_envs, args.num_steps, tuple(args.hiddens), env_config,
+                     unrolled_rng=True)}
         if args.check_finite_off:
             sides["jaxrunner_check_finite_off"], _, unchecked = make_runner(
                 args.env, num_envs, args.num_steps, tuple(args.hiddens), env_config,

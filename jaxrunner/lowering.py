@@ -14,9 +14,16 @@ episode) are bit for bit the ones JAX's default lowering gives; only the program
 shape differs. Programs compiled elsewhere (a user's own `jax.jit`) keep JAX's default
 unless they are compiled inside `unrolled_threefry()` too.
 
-Measured on a 2-core CPU (`benchmarks/chunk_lean.py`, CartPole, 64x64 MLP): the bare
-PureJaxRL-style scan runs 1.47x / 1.17x / 1.01x faster at 16 / 128 / 1024 sub-envs with
-the unrolled hash, and fresh compiles are no slower.
+Unrolled is not faster everywhere. Measured on a 2-core CPU (CartPole, 64x64 MLP, the
+bare PureJaxRL-style scan of `jaxrunner.benchmarking` compiled both ways, same process):
+1.28-1.48x at 16 sub-envs and 1.07-1.30x at 128, but 0.93x at 512, 0.81-1.01x at 1024
+and 0.55-0.68x at 4096 and 16384. In a profile at 4096 sub-envs, one fused kernel (each
+sub-env's key split, writing the interleaved key words) takes most of the step, where the
+loop's kernels are plain elementwise ones. So rollouts of at most `UNROLL_MAX_ENVS`
+sub-envs compile unrolled (`unroll_for`), larger ones with JAX's lowering; one-off
+programs (module params init, where compile time goes) always compile unrolled. The
+sub-env count decides for the whole program: unrolling only the call sites below an
+element count measured 0.71x at 128 sub-envs, slower than either lowering alone.
 
 When JAX's lowering registry cannot be reached (a JAX release that moved it), the
 context does nothing and programs compile with JAX's default lowering:
@@ -107,8 +114,17 @@ def unrolled_threefry() -> Iterator[None]:
 
 
 if UNROLLED_THREEFRY_AVAILABLE:
-    _UNROLLED_RULE = _mlir.lower_fun(
-        lambda k0, k1, c0, c1: threefry2x32_unrolled(k0, k1, c0, c1), multiple_results=True)
+    _UNROLLED_RULE = _mlir.lower_fun(threefry2x32_unrolled, multiple_results=True)
+
+# Unrolled pays at small batches and loses at large ones (see the module docstring):
+# measured faster at 128 sub-envs, slower at 512.
+UNROLL_MAX_ENVS = 256
+
+
+def unroll_for(num_envs: int) -> bool:
+    """Whether a rollout of `num_envs` sub-envs (in one program) compiles with the
+    unrolled hash: up to `UNROLL_MAX_ENVS`."""
+    return int(num_envs) <= UNROLL_MAX_ENVS
 
 
 class UnrolledRngJit:
@@ -132,10 +148,11 @@ class UnrolledRngJit:
         return getattr(self._jitted, name)
 
 
-def jit(fun: Callable, **jit_kwargs: Any) -> UnrolledRngJit:
-    """`jax.jit(fun, **jit_kwargs)` compiled with the unrolled Threefry-2x32 lowering."""
-    return UnrolledRngJit(fun, **jit_kwargs)
+def jit(fun: Callable, *, unrolled: bool = True, **jit_kwargs: Any) -> Callable:
+    """`jax.jit(fun, **jit_kwargs)` compiled with the unrolled Threefry-2x32 lowering
+    (`unrolled=False`: plain `jax.jit`, JAX's own lowering)."""
+    return UnrolledRngJit(fun, **jit_kwargs) if unrolled else jax.jit(fun, **jit_kwargs)
 
 
-__all__ = ["UNROLLED_THREEFRY_AVAILABLE", "UnrolledRngJit", "jit", "threefry2x32_unrolled",
-           "unrolled_threefry"]
+__all__ = ["UNROLLED_THREEFRY_AVAILABLE", "UNROLL_MAX_ENVS", "UnrolledRngJit", "jit",
+           "threefry2x32_unrolled", "unroll_for", "unrolled_threefry"]

@@ -105,3 +105,17 @@ def test_runner_programs__compiled_with_the_unrolled_hash():
                                  runner.env_params, np.int32(8), np.int32(1), np.int32(1),
                                  np.int32(0))
     assert _threefry_loops(lowered.compile().as_text()) == []
+
+
+def test_large_rollouts__compile_with_jax_own_lowering():
+    """Above `UNROLL_MAX_ENVS` sub-envs the unrolled hash measured slower: plain jit."""
+    def sampler_of(num_envs):
+        return jaxrunner.make_sampler(
+            jaxrunner.RunnerConfig().environment("CartPole-v1")
+            .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=4)
+            .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
+
+    small, large = sampler_of(lowering.UNROLL_MAX_ENVS), sampler_of(lowering.UNROLL_MAX_ENVS + 1)
+    assert small.unrolled_rng and not large.unrolled_rng
+    assert isinstance(small.jitted("random")["chunk"], lowering.UnrolledRngJit)
+    assert not isinstance(large.jitted("random")["chunk"], lowering.UnrolledRngJit)

@@ -186,7 +186,7 @@ class PPOLearner:
         self.weights_seq_no = 0
         self.iteration = 0  # `train()` iterations done so far, over all calls
         self.history: list[dict] = []  # every `train()` row, over all calls
-        self._update = lowering.jit(self.update_fn)
+        self._update = jax.jit(self.update_fn)
 
     def init_state(self, key: jax.Array, params: Any = None) -> LearnerState:
         """A fresh `LearnerState` (pure: `jax.vmap` it over keys for a population)."""
@@ -388,7 +388,9 @@ class PPOLearner:
         train = self.make_train(sampler, num_iterations)
         keys = jnp.stack([jax.random.key(s) for s in seed_list])
         start = time.perf_counter()
-        state, stats, metrics = jax.block_until_ready(lowering.jit(jax.vmap(train))(keys))
+        unrolled = lowering.unroll_for(sampler.num_envs * len(seed_list))
+        state, stats, metrics = jax.block_until_ready(
+            lowering.jit(jax.vmap(train), unrolled=unrolled)(keys))
         elapsed = time.perf_counter() - start
         return {"state": state, "stats": jax.device_get(stats),
                 "metrics": reduce_sample_metrics(metrics, agent_ids=sampler.agent_ids,
