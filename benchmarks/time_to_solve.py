@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -651,11 +652,12 @@ def make_fused_train(env_id: str, hp: Hyper, *, max_updates: int, seed: int = 0)
     return train
 
 
-def _timed_compile(fn: Callable, *args: Any) -> tuple[Any, float]:
-    import jax
+def _timed_compile(fn: Callable, *args: Any, unrolled_rng: bool = False
+                   ) -> tuple[Any, float]:
+    from jaxrunner import lowering
 
     start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
+    compiled = lowering.jit(fn, unrolled=unrolled_rng).lower(*args).compile()
     return compiled, time.perf_counter() - start
 
 
@@ -664,20 +666,28 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
     """Fused jaxrunner PPO against the bare PPO, `num_seeds` seeds vmapped (1: no vmap):
     compile time, time to solve with compilation excluded and included (both solve-until
     -target loops, every seed to the target or `max_updates`), and the per-iteration
-    time of `timing_iterations` scanned iterations, in `rounds` alternating rounds."""
+    time of `timing_iterations` scanned iterations, in `rounds` alternating rounds.
+
+    The bare PPO compiles as a hand-written `jax.jit` does (JAX's lowering); the fused one
+    as the README's "Inside your own jit" advises: with the unrolled Threefry lowering
+    when its rollout (`num_envs` x seeds) is small enough (`jaxrunner.lowering`)."""
     import jax
     import numpy as np
+
+    from jaxrunner import lowering
 
     keys = jax.vmap(jax.random.key)(np.arange(num_seeds))
     bare = make_bare_train(env_id, hp, max_updates=max_updates)
     fused = make_fused_train(env_id, hp, max_updates=max_updates)
     solve = {"bare": lambda k: bare(k, 0), "fused": fused}
+    unrolled = {"bare": False, "fused": lowering.unroll_for(hp.num_envs * num_seeds)}
     out: dict[str, Any] = {"env": env_id, "num_seeds": num_seeds,
+                           "fused_unrolled_rng": unrolled["fused"],
                            "load_avg_1min_start": round(os.getloadavg()[0], 2)}
     for name in ("bare", "fused"):
         fn = solve[name] if num_seeds == 1 else jax.vmap(solve[name])
         arg = keys[0] if num_seeds == 1 else keys
-        compiled, compile_s = _timed_compile(fn, arg)
+        compiled, compile_s = _timed_compile(fn, arg, unrolled_rng=unrolled[name])
         start = time.perf_counter()
         updates, mean = jax.block_until_ready(compiled(arg))
         run_s = time.perf_counter() - start
@@ -705,8 +715,9 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
     for name in ("bare", "fused"):
         init = inits[name] if num_seeds == 1 else jax.vmap(inits[name])
         step = steps[name] if num_seeds == 1 else jax.vmap(steps[name])
-        states[name] = jax.jit(init)(keys[0] if num_seeds == 1 else keys)
-        runs[name] = jax.jit(step, donate_argnums=(0,))
+        jit = functools.partial(lowering.jit, unrolled=unrolled[name])
+        states[name] = jit(init)(keys[0] if num_seeds == 1 else keys)
+        runs[name] = jit(step, donate_argnums=(0,))
         states[name] = jax.block_until_ready(runs[name](states[name]))  # compile + warm up
     timings: dict[str, list[float]] = {"bare": [], "fused": []}
     for index in range(rounds):
