@@ -16,11 +16,11 @@ unless they are compiled inside `unrolled_threefry()` too.
 
 Unrolled is not faster everywhere. Measured on a 2-core CPU (CartPole, 64x64 MLP, the
 bare PureJaxRL-style scan of `jaxrunner.benchmarking` compiled both ways, same process):
-1.28-1.48x at 16 sub-envs and 1.07-1.30x at 128, but 0.93x at 512, 0.81-1.01x at 1024
-and 0.55-0.68x at 4096 and 16384. In a profile at 4096 sub-envs, one fused kernel (each
+1.28-1.48x at 16 sub-envs and 1.07-1.30x at 128, but 0.93x at 256 and 512, 0.81-1.01x
+at 1024 and 0.55-0.68x at 4096 and 16384. In a profile at 4096 sub-envs, one fused kernel (each
 sub-env's key split, writing the interleaved key words) takes most of the step, where the
 loop's kernels are plain elementwise ones. So rollouts of at most `UNROLL_MAX_ENVS`
-sub-envs compile unrolled (`unroll_for`), larger ones with JAX's lowering; one-off
+(128) sub-envs compile unrolled (`unroll_for`), larger ones with JAX's lowering; one-off
 programs (module params init, where compile time goes) always compile unrolled. The
 sub-env count decides for the whole program: unrolling only the call sites below an
 element count measured 0.71x at 128 sub-envs, slower than either lowering alone.
@@ -117,8 +117,10 @@ if UNROLLED_THREEFRY_AVAILABLE:
     _UNROLLED_RULE = _mlir.lower_fun(threefry2x32_unrolled, multiple_results=True)
 
 # Unrolled pays at small batches and loses at large ones (see the module docstring):
-# measured faster at 128 sub-envs, slower at 512.
-UNROLL_MAX_ENVS = 256
+# the CartPole sampler and runner, one process, each lowering: 1.12 / 1.09 against
+# 0.94 / 0.86 of the bare scan at 128 sub-envs, 0.87 / 0.82 against 0.98 / 0.96 at 256
+# (benchmarks/results/unrolled_rng/limit_at_*.json).
+UNROLL_MAX_ENVS = 128
 
 
 def unroll_for(num_envs: int) -> bool:
