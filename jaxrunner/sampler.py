@@ -46,11 +46,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxrunner import lowering
 from jaxrunner.core.callbacks import CustomRegisters, MetricSpec
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.chunk import POLICY_MODES, ChunkFns
 from jaxrunner.core.ring import NO_EPISODE_LIMIT
-from jaxrunner import lowering
 
 CARRY_COMPONENT = "env_runner_carry"
 _MOD = 2**32
