@@ -14,16 +14,14 @@ episode) are bit for bit the ones JAX's default lowering gives; only the program
 shape differs. Programs compiled elsewhere (a user's own `jax.jit`) keep JAX's default
 unless they are compiled inside `unrolled_threefry()` too.
 
-Unrolled is not faster everywhere. Measured on a 2-core CPU (CartPole, 64x64 MLP, the
-bare PureJaxRL-style scan of `jaxrunner.benchmarking` compiled both ways, same process):
-1.28-1.48x at 16 sub-envs and 1.07-1.30x at 128, but 0.93x at 256 and 512, 0.81-1.01x
-at 1024 and 0.55-0.68x at 4096 and 16384. In a profile at 4096 sub-envs, one fused kernel (each
-sub-env's key split, writing the interleaved key words) takes most of the step, where the
-loop's kernels are plain elementwise ones. So rollouts of at most `UNROLL_MAX_ENVS`
-(128) sub-envs compile unrolled (`unroll_for`), larger ones with JAX's lowering; one-off
-programs (module params init, where compile time goes) always compile unrolled. The
-sub-env count decides for the whole program: unrolling only the call sites below an
-element count measured 0.71x at 128 sub-envs, slower than either lowering alone.
+One call site stays a loop: a hash of one key over a long 1-D count (the split of the
+step's key into a key per sub-env, from `ROLLED_ONE_KEY_MIN_COUNTS` counts on). Unrolled,
+XLA fuses it into each per-sub-env hash that consumes those keys (a vmapped env's own
+split and reset draw) and recomputes it there: with every call site unrolled, the bare
+PureJaxRL-style scan of `jaxrunner.benchmarking` (CartPole, 64x64 MLP, 2-core CPU)
+read 1.28-1.48x at 16 sub-envs and 1.07-1.30x at 128 but 0.55-0.68x at 4096-16384;
+with that one site a loop, 1.33x / 1.09x / 1.10x at 1024 / 4096 / 16384
+(`benchmarks/results/unrolled_rng/`).
 
 When JAX's lowering registry cannot be reached (a JAX release that moved it), the
 context does nothing and programs compile with JAX's default lowering:
@@ -113,20 +111,21 @@ def unrolled_threefry() -> Iterator[None]:
                 _saved_rule = None
 
 
+# A hash of one key over a long 1-D count (`jax.random.split(key, n)`, a 1-D draw) keeps
+# JAX's loop above this many counts: unrolled, XLA fuses it into every per-key hash that
+# consumes its keys (a vmapped env's split and reset draw) and recomputes it there.
+ROLLED_ONE_KEY_MIN_COUNTS = 129
+
 if UNROLLED_THREEFRY_AVAILABLE:
-    _UNROLLED_RULE = _mlir.lower_fun(threefry2x32_unrolled, multiple_results=True)
+    _JAX_CPU_RULE = _CPU_RULES[_THREEFRY2X32_P].rule
+    _unrolled_rule = _mlir.lower_fun(threefry2x32_unrolled, multiple_results=True)
 
-# Unrolled pays at small batches and loses at large ones (see the module docstring):
-# the CartPole sampler and runner, one process, each lowering: 1.12 / 1.09 against
-# 0.94 / 0.86 of the bare scan at 128 sub-envs, 0.87 / 0.82 against 0.98 / 0.96 at 256
-# (benchmarks/results/unrolled_rng/limit_at_*.json).
-UNROLL_MAX_ENVS = 128
-
-
-def unroll_for(num_envs: int) -> bool:
-    """Whether a rollout of `num_envs` sub-envs (in one program) compiles with the
-    unrolled hash: up to `UNROLL_MAX_ENVS`."""
-    return int(num_envs) <= UNROLL_MAX_ENVS
+    def _UNROLLED_RULE(ctx, *args):
+        key, count = ctx.avals_in[0], ctx.avals_in[2]
+        if (key.shape == () and len(count.shape) == 1
+                and count.shape[0] >= ROLLED_ONE_KEY_MIN_COUNTS):
+            return _JAX_CPU_RULE(ctx, *args)
+        return _unrolled_rule(ctx, *args)
 
 
 class UnrolledRngJit:
@@ -156,5 +155,5 @@ def jit(fun: Callable, *, unrolled: bool = True, **jit_kwargs: Any) -> Callable:
     return UnrolledRngJit(fun, **jit_kwargs) if unrolled else jax.jit(fun, **jit_kwargs)
 
 
-__all__ = ["UNROLLED_THREEFRY_AVAILABLE", "UNROLL_MAX_ENVS", "UnrolledRngJit", "jit",
-           "threefry2x32_unrolled", "unroll_for", "unrolled_threefry"]
+__all__ = ["ROLLED_ONE_KEY_MIN_COUNTS", "UNROLLED_THREEFRY_AVAILABLE", "UnrolledRngJit", "jit",
+           "threefry2x32_unrolled", "unrolled_threefry"]

@@ -107,15 +107,20 @@ def test_runner_programs__compiled_with_the_unrolled_hash():
     assert _threefry_loops(lowered.compile().as_text()) == []
 
 
-def test_large_rollouts__compile_with_jax_own_lowering():
-    """Above `UNROLL_MAX_ENVS` sub-envs the unrolled hash measured slower: plain jit."""
-    def sampler_of(num_envs):
-        return jaxrunner.make_sampler(
-            jaxrunner.RunnerConfig().environment("CartPole-v1")
-            .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=4)
-            .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
+def test_one_key_over_many_counts__keeps_jax_loop_and_values():
+    """The split of one key into many keys stays JAX's loop (unrolled, XLA recomputes it
+    in every per-key hash consuming its keys); short splits and per-key draws unroll."""
+    many = lowering.ROLLED_ONE_KEY_MIN_COUNTS
 
-    small, large = sampler_of(lowering.UNROLL_MAX_ENVS), sampler_of(lowering.UNROLL_MAX_ENVS + 1)
-    assert small.unrolled_rng and not large.unrolled_rng
-    assert isinstance(small.jitted("random")["chunk"], lowering.UnrolledRngJit)
-    assert not isinstance(large.jitted("random")["chunk"], lowering.UnrolledRngJit)
+    def splits(key):
+        keys = jax.random.split(key, many)  # one key, `many` counts: a loop
+        draws = jax.vmap(lambda k: jax.random.uniform(k, (4,)))(keys)  # per key: unrolled
+        return jax.random.key_data(keys), draws, jax.random.key_data(
+            jax.random.split(key, many - 1))  # below the limit: unrolled
+
+    loops = _threefry_loops(lowering.jit(splits).lower(jax.random.key(0)).compile()
+                            .as_text())
+    assert len(loops) == 1 and "split" in loops[0], loops
+    for got, want in zip(lowering.jit(splits)(jax.random.key(3)),
+                         jax.jit(splits)(jax.random.key(3))):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
