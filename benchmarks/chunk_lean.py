@@ -62,7 +62,8 @@ def make_sampler_side(num_envs: int, num_steps: int, **env_runners: Any):
         jax.block_until_ready(traj)
 
     run()
-    lowered = lowering.jit(lambda s, p, n: sampler.sample(s, p, num_steps=n)).lower(
+    lowered = lowering.jit(lambda s, p, n: sampler.sample(s, p, num_steps=n),
+                           unrolled=sampler.unrolled_rng).lower(
         holder["state"], params, np.int32(num_steps))
     return run, lowered
 

@@ -670,7 +670,7 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
 
     The bare PPO compiles as a hand-written `jax.jit` does (JAX's lowering); the fused one
     as the README's "Inside your own jit" advises: with the unrolled Threefry lowering
-    (`jaxrunner.lowering`)."""
+    when its rollout (`num_envs` x seeds) is small enough (`jaxrunner.lowering`)."""
     import jax
     import numpy as np
 
@@ -680,7 +680,7 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
     bare = make_bare_train(env_id, hp, max_updates=max_updates)
     fused = make_fused_train(env_id, hp, max_updates=max_updates)
     solve = {"bare": lambda k: bare(k, 0), "fused": fused}
-    unrolled = {"bare": False, "fused": True}
+    unrolled = {"bare": False, "fused": lowering.unroll_for(hp.num_envs * num_seeds)}
     out: dict[str, Any] = {"env": env_id, "num_seeds": num_seeds,
                            "fused_unrolled_rng": unrolled["fused"],
                            "load_avg_1min_start": round(os.getloadavg()[0], 2)}

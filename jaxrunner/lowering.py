@@ -21,7 +21,12 @@ split and reset draw) and recomputes it there: with every call site unrolled, th
 PureJaxRL-style scan of `jaxrunner.benchmarking` (CartPole, 64x64 MLP, 2-core CPU)
 read 1.28-1.48x at 16 sub-envs and 1.07-1.30x at 128 but 0.55-0.68x at 4096-16384;
 with that one site a loop, 1.33x / 1.09x / 1.10x at 1024 / 4096 / 16384
-(`benchmarks/results/unrolled_rng/`).
+(`benchmarks/results/unrolled_rng/`). The runner itself gained at every size up to 1024
+sub-envs (CartPole MLP and random actions, both auto-reset modes, Breakout-MinAtar,
+Pendulum) but read lower at 4096-16384 in some cases (MinAtar and Pendulum 0.80-0.81 at
+4096, partial auto-reset 1.20x at 16384, against 0.73-0.91 and 1.40-1.44x before): rollouts
+of more than `UNROLL_MAX_ENVS` sub-envs keep JAX's lowering (`unroll_for`). One-off
+programs (module params init) always compile unrolled.
 
 When JAX's lowering registry cannot be reached (a JAX release that moved it), the
 context does nothing and programs compile with JAX's default lowering:
@@ -128,6 +133,17 @@ if UNROLLED_THREEFRY_AVAILABLE:
         return _unrolled_rule(ctx, *args)
 
 
+# Every CartPole / MinAtar / Pendulum case measured faster unrolled up to 1024 sub-envs;
+# above, some were slower (see the module docstring).
+UNROLL_MAX_ENVS = 1024
+
+
+def unroll_for(num_envs: int) -> bool:
+    """Whether a rollout of `num_envs` sub-envs (in one program) compiles with the
+    unrolled hash: up to `UNROLL_MAX_ENVS`."""
+    return int(num_envs) <= UNROLL_MAX_ENVS
+
+
 class UnrolledRngJit:
     """`jax.jit(fun, **kwargs)` whose lowerings (first calls, new shapes, `.lower`) run
     inside `unrolled_threefry()`. Calls go to the jitted function (its C++ dispatch);
@@ -155,5 +171,5 @@ def jit(fun: Callable, *, unrolled: bool = True, **jit_kwargs: Any) -> Callable:
     return UnrolledRngJit(fun, **jit_kwargs) if unrolled else jax.jit(fun, **jit_kwargs)
 
 
-__all__ = ["ROLLED_ONE_KEY_MIN_COUNTS", "UNROLLED_THREEFRY_AVAILABLE", "UnrolledRngJit", "jit",
-           "threefry2x32_unrolled", "unrolled_threefry"]
+__all__ = ["ROLLED_ONE_KEY_MIN_COUNTS", "UNROLLED_THREEFRY_AVAILABLE", "UNROLL_MAX_ENVS",
+           "UnrolledRngJit", "jit", "threefry2x32_unrolled", "unroll_for", "unrolled_threefry"]

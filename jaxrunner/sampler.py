@@ -38,6 +38,7 @@ traced value, so nothing recompiles when only values change.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -45,11 +46,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrunner import lowering
 from jaxrunner.core.callbacks import CustomRegisters, MetricSpec
 from jaxrunner.core.carry import MetricRegisters
 from jaxrunner.core.chunk import POLICY_MODES, ChunkFns
 from jaxrunner.core.ring import NO_EPISODE_LIMIT
+from jaxrunner import lowering
 
 CARRY_COMPONENT = "env_runner_carry"
 _MOD = 2**32
@@ -210,6 +211,9 @@ class Sampler:
         self.env_name = runner.env_name
         self.module = runner.module
         self.num_envs = runner.num_envs
+        # On CPU the programs compile with Threefry unrolled up to lowering.UNROLL_MAX_ENVS
+        # sub-envs (faster there, bit for bit the same values; `jaxrunner.lowering`).
+        self.unrolled_rng = lowering.unroll_for(self.num_envs)
         self.num_steps = int(num_steps)
         self.default_key = default_key
         self.agent_ids = tuple(agent_ids)
@@ -278,7 +282,7 @@ class Sampler:
         """The chunk functions of `mode`, jitted once (the runner shell calls these)."""
         if mode not in self._jitted:
             fns = self.chunk_fns(mode)
-            jit = lowering.jit  # Threefry unrolled on CPU: same values, faster
+            jit = functools.partial(lowering.jit, unrolled=self.unrolled_rng)
             self._jitted[mode] = {
                 "init_carry": jit(fns.init_carry),
                 "reset_carry": jit(fns.reset_carry, donate_argnums=(0,)),
@@ -408,7 +412,7 @@ class Sampler:
             self._jit_sample[mode] = lowering.jit(
                 lambda s, p, e, n: self.sample(s, p, e, num_steps=n, explore=explore,
                                                random_actions=random_actions),
-                donate_argnums=(0,))
+                unrolled=self.unrolled_rng, donate_argnums=(0,))
         steps = np.int32(self.num_steps if num_steps is None else num_steps)
         return self._jit_sample[mode](state, params, self._env_params(env_params), steps)
 
@@ -529,7 +533,7 @@ class Sampler:
         state = SamplerState(carry=carry, lookback=lookback, counters=counters)
         if saved.get("needs_reset"):
             if self._jit_reset is None:
-                self._jit_reset = lowering.jit(self.reset)
+                self._jit_reset = lowering.jit(self.reset, unrolled=self.unrolled_rng)
             state = self._jit_reset(state, self.env_params)
         return state
 

@@ -107,6 +107,20 @@ def test_runner_programs__compiled_with_the_unrolled_hash():
     assert _threefry_loops(lowered.compile().as_text()) == []
 
 
+def test_large_rollouts__compile_with_jax_own_lowering():
+    """Above `UNROLL_MAX_ENVS` sub-envs the unrolled hash was not faster: plain jit."""
+    def sampler_of(num_envs):
+        return jaxrunner.make_sampler(
+            jaxrunner.RunnerConfig().environment("CartPole-v1")
+            .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=4)
+            .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
+
+    small, large = sampler_of(lowering.UNROLL_MAX_ENVS), sampler_of(lowering.UNROLL_MAX_ENVS + 1)
+    assert small.unrolled_rng and not large.unrolled_rng
+    assert isinstance(small.jitted("random")["chunk"], lowering.UnrolledRngJit)
+    assert not isinstance(large.jitted("random")["chunk"], lowering.UnrolledRngJit)
+
+
 def test_one_key_over_many_counts__keeps_jax_loop_and_values():
     """The split of one key into many keys stays JAX's loop (unrolled, XLA recomputes it
     in every per-key hash consuming its keys); short splits and per-key draws unroll."""

@@ -388,7 +388,9 @@ class PPOLearner:
         train = self.make_train(sampler, num_iterations)
         keys = jnp.stack([jax.random.key(s) for s in seed_list])
         start = time.perf_counter()
-        state, stats, metrics = jax.block_until_ready(lowering.jit(jax.vmap(train))(keys))
+        unrolled = lowering.unroll_for(sampler.num_envs * len(seed_list))
+        state, stats, metrics = jax.block_until_ready(
+            lowering.jit(jax.vmap(train), unrolled=unrolled)(keys))
         elapsed = time.perf_counter() - start
         return {"state": state, "stats": jax.device_get(stats),
                 "metrics": reduce_sample_metrics(metrics, agent_ids=sampler.agent_ids,

@@ -236,7 +236,8 @@ def make_host_policy(*, module: Any, env_to_module: Any, module_to_env: Any,
     module_state = jax.tree.map(
         lambda x: jnp.broadcast_to(jnp.asarray(x), (num_envs,) + jnp.shape(x)),
         module.get_initial_state())
-    return HostPolicy(step=lowering.jit(policy_step), initial_module_state=module_state,
+    step = lowering.jit(policy_step, unrolled=lowering.unroll_for(num_envs))
+    return HostPolicy(step=step, initial_module_state=module_state,
                       initial_connector_state=(env_to_module.init_state(num_envs),
                                                module_to_env.init_state(num_envs)))
 

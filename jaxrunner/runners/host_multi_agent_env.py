@@ -124,8 +124,9 @@ def _finite(value: Any) -> bool:
 _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def _jit(fn, **kwargs):
-    return lowering.jit(fn, compiler_options=_FAST_COMPILE, **kwargs)
+def _jit(fn, num_envs: int, **kwargs):
+    return lowering.jit(fn, unrolled=lowering.unroll_for(num_envs),
+                        compiler_options=_FAST_COMPILE, **kwargs)
 
 
 def _act_fn(layout: MultiAgentLayout):
@@ -231,7 +232,8 @@ class HostMultiAgentEngine:
                                   mode)
         act = _act_fn(layout)
         if explore is not None:
-            return {**explore, "act": _jit(act), "raw_act": act, "record_shape": None}
+            return {**explore, "act": _jit(act, layout.spec.num_envs), "raw_act": act,
+                    "record_shape": None}
         spec = layout.spec
         num_envs = spec.num_envs
         restart = spec.restart_failed_sub_environments
@@ -293,10 +295,12 @@ class HostMultiAgentEngine:
                                 episodes_limit, call_step_offset, agent_steps_done)
 
         return {
-            "layout": layout, "init": _jit(init), "reset": _jit(reset), "act": _jit(act),
+            "layout": layout, "init": _jit(init, num_envs), "reset": _jit(reset, num_envs),
+            "act": _jit(act, num_envs),
             # The chunk's (T, ...) record buffers are updated in place.
-            "after": _jit(after, donate_argnames="buffers"), "finish": _jit(finish),
-            "begin": _jit(lambda carry, offset: layout.begin_chunk(carry, offset)),
+            "after": _jit(after, num_envs, donate_argnames="buffers"),
+            "finish": _jit(finish, num_envs),
+            "begin": _jit(lambda carry, offset: layout.begin_chunk(carry, offset), num_envs),
             "raw_act": act, "raw_after": after, "record_shape": None,
         }
 
