@@ -110,7 +110,7 @@ def bare_scan_lowered(num_envs: int, num_steps: int, unrolled_rng: bool = False)
                                                         params)
     carry = strong_types((obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
                           jnp.zeros((), jnp.int32)))
-    return (lowering.jit if unrolled_rng else jax.jit)(rollout).lower(carry)
+    return lowering.jit(rollout, unrolled=unrolled_rng).lower(carry)
 
 
 def _computations(text: str) -> dict[str, list[str]]:

@@ -84,7 +84,7 @@ def make_bare_scan(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[in
     def rollout(carry):
         return jax.lax.scan(step, carry, None, length=num_steps)
 
-    rollout = (lowering.jit if unrolled_rng else jax.jit)(rollout)
+    rollout = lowering.jit(rollout, unrolled=unrolled_rng)
 
     holder = {"carry": (obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
                         jnp.zeros((), jnp.int32))}

@@ -111,10 +111,10 @@ def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: 
         carry, traj = jax.lax.scan(body, carry, None, length=num_steps)
         return strong_types(carry), traj
 
-    jit = lowering.jit if unrolled_rng else jax.jit
-    rollout = jit(rollout)
+    rollout = lowering.jit(rollout, unrolled=unrolled_rng)
     key, reset_key = jax.random.split(jax.random.key(seed))
-    obs, state = jit(reset)(jax.random.split(reset_key, num_envs))
+    obs, state = lowering.jit(reset, unrolled=unrolled_rng)(
+        jax.random.split(reset_key, num_envs))
     holder = {"carry": strong_types((obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
                                      jnp.zeros((), jnp.int32)))}
 
