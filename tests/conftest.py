@@ -21,6 +21,15 @@ import tempfile
 # dominate as well. Set before JAX is imported; a value the caller set wins.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
+# Every `ray.init()` without an address in this run (the tests' own, the group's, the CLI's
+# and the notebooks' in their subprocesses) starts its own local instance. Without this,
+# Ray joins the cluster named in /tmp/ray/ray_current_cluster, which
+# `ray.cluster_utils.Cluster` writes while test_distributed_cluster.py runs in the other
+# pytest-xdist worker (and which a crashed earlier run can leave behind); joining fails
+# there at once because the tests pass `num_cpus`. An explicit address
+# (`ray.init(address=cluster.address)`) still wins. A value the caller set wins.
+os.environ.setdefault("RAY_ADDRESS", "local")
+
 # One persistent XLA compilation cache for the whole run: many tests (in both pytest-xdist
 # workers, their CLI subprocesses, Ray actors and notebook kernels, which all inherit the
 # environment) build runners of the same small configs, and a program compiled once is
