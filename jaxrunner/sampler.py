@@ -56,6 +56,16 @@ CARRY_COMPONENT = "env_runner_carry"
 _MOD = 2**32
 
 
+def _zero_lookback(init_lookback: Callable) -> Callable:
+    """`init_lookback` for the runner shell: every layout's first lookback is zero
+    buffers, built here on the host from its traced shapes (the step's trace is shared
+    with the chunk's), so a fresh runner compiles no program for it."""
+    def build(carry: Any, params: Any, env_params: Any) -> Any:
+        shapes = jax.eval_shape(init_lookback, carry, params, env_params)
+        return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype)), shapes)
+    return build
+
+
 @struct.dataclass
 class SamplerCounters:
     """The runner's host counters as device scalars (uint32, mod 2**32), so a fused loop
@@ -286,7 +296,7 @@ class Sampler:
             self._jitted[mode] = {
                 "init_carry": jit(fns.init_carry),
                 "reset_carry": jit(fns.reset_carry, donate_argnums=(0,)),
-                "init_lookback": jit(fns.init_lookback),
+                "init_lookback": _zero_lookback(fns.init_lookback),
                 "chunk": jit(fns.chunk, donate_argnums=(0,)),
             }
         return self._jitted[mode]

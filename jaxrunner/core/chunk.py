@@ -27,7 +27,8 @@ fields `env`, `num_envs`, `chunk_len`, `lookback_len`, `metrics_window`, `check_
 `init_fields`, `reset_fields`, `act`, `outcome`, `after_step`, `record_counts`,
 `begin_chunk`, `decode`, `ring_input`, `after_ring`, `init_lookback`, `roll_lookback`,
 `info_extras`; with device callbacks (`spec.callbacks`, see `jaxrunner.core.callbacks`)
-also `callback_view(carry, acted, outcome, info)`.
+also `callback_view(carry, acted, outcome, info)`. `init_lookback(record_shape)` returns
+zero buffers (the runner shell builds them on the host from their shapes).
 
 Device callbacks, when the spec has them, run per step after `after_step` on the layout's
 `callback_view` (their state lives in `carry.callbacks`); the metric values of the
@@ -150,6 +151,13 @@ def initial_counters(num_envs: int, metrics_window: int) -> dict[str, Any]:
                 metrics=MetricRegisters.create(metrics_window))
 
 
+def _aval_signature(x: Any) -> tuple:
+    """`(shape, dtype, weak_type)` of an array, tracer or Python scalar: what a trace
+    of it depends on."""
+    aval = jax.typeof(x)
+    return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
+
+
 def make_chunk_fns(layout: Any) -> ChunkFns:
     """Builds the pure rollout functions of `layout` (already bound to a policy mode)."""
     spec = layout.spec
@@ -158,6 +166,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
     vmapped_reset = jax.vmap(env.reset, in_axes=(0, None))
     callbacks = getattr(spec, "callbacks", None)
     bound: dict[str, Any] = {}  # the vector env step and the bound callbacks, once traced
+    step_shapes_of: dict[tuple, tuple] = {}  # one_step's output shapes per input signature
 
     def reset_all(key: jax.Array, env_params: Any):
         return strong_types(vmapped_reset(jax.random.split(key, num_envs), env_params))
@@ -250,10 +259,20 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             **fields)
         return new_carry, record, view, values
 
+    def step_shapes(carry: Any, params: Any, env_params: Any, cbs: Any) -> tuple:
+        """`(record, callback values or None)` shapes of one vector step, traced once per
+        input signature: `init_lookback` and the chunk's trace share the trace (a
+        fresh runner's first `sample()` then traces the step once less)."""
+        leaves, treedef = jax.tree.flatten((carry, params, env_params))
+        signature = (cbs is None, treedef, tuple(_aval_signature(x) for x in leaves))
+        if signature not in step_shapes_of:
+            _, record, _, values = jax.eval_shape(
+                lambda c, p, e: one_step(c, p, e, cbs, False), carry, params, env_params)
+            step_shapes_of[signature] = (record, values)
+        return step_shapes_of[signature]
+
     def init_lookback(carry: Any, params: Any, env_params: Any):
-        _, record, _, _ = jax.eval_shape(lambda c, p, e: one_step(c, p, e, None, False),
-                                         carry, params, env_params)
-        return layout.init_lookback(record)
+        return layout.init_lookback(step_shapes(carry, params, env_params, None)[0])
 
     def chunk(carry: Any, lookback: Any, params: Any, env_params: Any, num_steps: jax.Array,
               episodes_limit: jax.Array, agent_steps_limit: jax.Array,
@@ -266,8 +285,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         carry = layout.begin_chunk(carry, call_step_offset)
         start = carry
         cbs = None if callbacks is None else bound_callbacks(carry, params, env_params)
-        _, record_shape, _, values_shape = jax.eval_shape(
-            lambda c, p, e: one_step(c, p, e, cbs, False), carry, params, env_params)
+        record_shape, values_shape = step_shapes(carry, params, env_params, cbs)
         counts_agents = layout.counts_agent_steps
         store = getattr(layout, "row_store", None)
 

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -335,6 +336,47 @@ class CompiledEnvRunner(EnvRunner):
             self._needs_reset = False
             self._place_on_devices()
 
+    def _init_beside_chunk_compile(self, fns: dict) -> None:
+        """A fresh runner's first carry, computed in a thread while this thread traces and
+        compiles `fns`'s chunk from the carry's shapes: the init program's XLA compile
+        (which runs without the GIL) overlaps the chunk's tracing and lowering (which
+        hold it), about 0.3 s of a fresh process's first `sample()` on a 2-core CPU.
+        The chunk's first call then finds its compiled program. Same carry, same
+        programs as computing the carry first. Only where nothing else could differ:
+        one device (no sharding), no device callbacks, jit enabled."""
+        if (self._carry is not None or getattr(self, "_host", None) is not None
+                or self._mesh is not None
+                or self._device_callbacks is not None or "chunk_compiled" in fns
+                or jax.config.jax_disable_jit):
+            return
+        init_fns = self._fns("explore")
+        key, params, env_params = self._carry_start_key(), self._params, self.env_params
+        result: dict[str, Any] = {}
+
+        def init() -> None:
+            try:
+                result["carry"] = init_fns["init_carry"](key, params, env_params)
+                _add_steps(np.int32(0), np.int32(0))  # the chunks' offset step, compiled
+            except BaseException as error:  # re-raised in the calling thread
+                result["error"] = error
+
+        thread = threading.Thread(target=init, name="jaxrunner-init-carry", daemon=True)
+        thread.start()
+        try:
+            carry_shape = jax.eval_shape(self.sampler.chunk_fns("explore").init_carry, key,
+                                         params, env_params)
+            lookback = init_fns["init_lookback"](carry_shape, params, env_params)
+            limit = np.int32(0)
+            fns["chunk"].lower(carry_shape, lookback, params, env_params, limit, limit,
+                               limit, limit).compile()
+            fns["chunk_compiled"] = True
+        finally:
+            thread.join()
+        if "error" in result:
+            raise result["error"]
+        self._carry, self._lookback = result["carry"], lookback
+        self._needs_reset = False
+
     def _place_on_devices(self) -> None:
         """Shards the sub-envs over the local devices (see `jaxrunner.runners.sharding`)."""
         if self._mesh is not None and self._carry is not None:
@@ -426,6 +468,7 @@ class CompiledEnvRunner(EnvRunner):
     def _sample_chunks(self, fns, mode, num_timesteps, num_episodes, force_reset):
         """Runs compiled chunks until the call's size is reached; returns the batch and
         `(vector_steps, env_steps, discarded_env_steps)`."""
+        self._init_beside_chunk_compile(fns)
         self._ensure_carry()
         if num_episodes is not None or force_reset or self._needs_reset:
             self._carry = fns["reset_carry"](self._carry, self.env_params)
