@@ -104,10 +104,11 @@ def test_first_sample__an_init_error_reaches_the_caller_and_the_runner_recovers(
     env.broken = True
     with pytest.raises(ValueError, match="reset is broken on purpose"):
         runner.sample()
-    assert runner._carry is None
-    env.broken = False  # after the error the runner works once its env does
-    batch = runner.sample(num_timesteps=4)
-    assert sum(len(e) for e in batch) >= 4
+    env.broken = False  # after the error the runner works once its env does: from a
+    got = runner.sample(num_timesteps=4)  # fresh carry, as a runner that never failed
+    want = jaxrunner.SingleAgentEnvRunner(config=make_config(env=lambda ctx: env)).sample(
+        num_timesteps=4)
+    assert_trees_equal(host_tree(want.chunks), host_tree(got.chunks), "batch after the error")
 
 
 def test_first_sample__overlap_skipped_once_a_carry_exists():
