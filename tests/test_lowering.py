@@ -121,6 +121,27 @@ def test_large_rollouts__compile_with_jax_own_lowering():
     assert not isinstance(large.jitted("random")["chunk"], lowering.UnrolledRngJit)
 
 
+def test_multi_agent_rollouts__unrolled_up_to_their_own_limit():
+    """Multi-agent rollouts measured faster unrolled up to `UNROLL_MAX_ENVS_MULTI_AGENT`
+    sub-envs (above the single-agent limit); above it, plain jit."""
+    def sampler_of(num_envs):
+        return jaxrunner.make_sampler(
+            jaxrunner.RunnerConfig().environment("MultiAgentCartPole-v1",
+                                                 env_config={"num_agents": 2})
+            .multi_agent(policies={"p0", "p1"},
+                         policy_mapping_fn=lambda agent_id, episode: (
+                             "p0" if agent_id == "agent_0" else "p1"))
+            .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=4)
+            .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
+
+    assert lowering.UNROLL_MAX_ENVS < lowering.UNROLL_MAX_ENVS_MULTI_AGENT
+    mid = sampler_of(lowering.UNROLL_MAX_ENVS + 1)
+    large = sampler_of(lowering.UNROLL_MAX_ENVS_MULTI_AGENT + 1)
+    assert mid.multi_agent and mid.unrolled_rng and not large.unrolled_rng
+    assert isinstance(mid.jitted("random")["chunk"], lowering.UnrolledRngJit)
+    assert not isinstance(large.jitted("random")["chunk"], lowering.UnrolledRngJit)
+
+
 def test_one_key_over_many_counts__keeps_jax_loop_and_values():
     """The split of one key into many keys stays JAX's loop (unrolled, XLA recomputes it
     in every per-key hash consuming its keys); short splits and per-key draws unroll."""
