@@ -23,10 +23,12 @@ read 1.28-1.48x at 16 sub-envs and 1.07-1.30x at 128 but 0.55-0.68x at 4096-1638
 with that one site a loop, 1.33x / 1.09x / 1.10x at 1024 / 4096 / 16384
 (`benchmarks/results/unrolled_rng/`). The runner itself gained at every size up to 1024
 sub-envs (CartPole MLP and random actions, both auto-reset modes, Breakout-MinAtar,
-Pendulum) but read lower at 4096-16384 in some cases (MinAtar and Pendulum 0.80-0.81 at
-4096, partial auto-reset 1.20x at 16384, against 0.73-0.91 and 1.40-1.44x before): rollouts
-of more than `UNROLL_MAX_ENVS` sub-envs keep JAX's lowering (`unroll_for`); multi-agent
-rollouts gained at 4096 too and unroll up to `UNROLL_MAX_ENVS_MULTI_AGENT`. One-off
+Pendulum). At 4096, runners built both ways in one process (alternating rounds) read at
+least as fast unrolled in every case (MinAtar 0.96 / 0.92 against 0.97 / 0.87 of the bare
+scan, Pendulum 0.92 / 0.87 against 0.79 / 0.83, CartPole 0.87 against 0.87, partial
+auto-reset 2.06x against 1.92x, multi-agent CartPole 0.84 / 0.88 against 0.70 / 0.73); at
+16384 CartPole's MLP runner read 0.92 against 0.94. Rollouts of more than
+`UNROLL_MAX_ENVS` sub-envs keep JAX's lowering (`unroll_for`). One-off
 programs (module params init) always compile unrolled.
 
 When JAX's lowering registry cannot be reached (a JAX release that moved it), the
@@ -134,20 +136,17 @@ if UNROLLED_THREEFRY_AVAILABLE:
         return _unrolled_rule(ctx, *args)
 
 
-# Every CartPole / MinAtar / Pendulum case measured faster unrolled up to 1024 sub-envs;
-# above, some were slower (see the module docstring).
-UNROLL_MAX_ENVS = 1024
-# Multi-agent rollouts (multi-agent CartPole, 2 agents) measured faster unrolled at 4096
-# sub-envs as well: 1.52-1.67M against 1.16-1.47M env steps/s in two same-day pairs
-# (0.84-0.88 against 0.70-0.73 of the default-compiled bare multi-agent scan).
-UNROLL_MAX_ENVS_MULTI_AGENT = 4096
+# Up to 4096 sub-envs every measured case ran at least as fast unrolled (same-process
+# A/B of the two runners at 4096: CartPole, MinAtar, Pendulum, partial auto-reset,
+# multi-agent CartPole); at 16384 CartPole's MLP runner read 0.92 against 0.94 with JAX's
+# lowering (see the module docstring).
+UNROLL_MAX_ENVS = 4096
 
 
-def unroll_for(num_envs: int, multi_agent: bool = False) -> bool:
+def unroll_for(num_envs: int) -> bool:
     """Whether a rollout of `num_envs` sub-envs (in one program) compiles with the
-    unrolled hash: up to `UNROLL_MAX_ENVS` (`UNROLL_MAX_ENVS_MULTI_AGENT` for a
-    multi-agent rollout)."""
-    return int(num_envs) <= (UNROLL_MAX_ENVS_MULTI_AGENT if multi_agent else UNROLL_MAX_ENVS)
+    unrolled hash: up to `UNROLL_MAX_ENVS`."""
+    return int(num_envs) <= UNROLL_MAX_ENVS
 
 
 class UnrolledRngJit:
@@ -178,5 +177,5 @@ def jit(fun: Callable, *, unrolled: bool = True, **jit_kwargs: Any) -> Callable:
 
 
 __all__ = ["ROLLED_ONE_KEY_MIN_COUNTS", "UNROLLED_THREEFRY_AVAILABLE", "UNROLL_MAX_ENVS",
-           "UNROLL_MAX_ENVS_MULTI_AGENT", "UnrolledRngJit", "jit", "threefry2x32_unrolled",
+           "UnrolledRngJit", "jit", "threefry2x32_unrolled",
            "unroll_for", "unrolled_threefry"]

@@ -226,7 +226,7 @@ class Sampler:
         self.agent_ids = tuple(agent_ids)
         # On CPU the programs compile with Threefry unrolled up to lowering.UNROLL_MAX_ENVS
         # sub-envs (faster there, bit for bit the same values; `jaxrunner.lowering`).
-        self.unrolled_rng = lowering.unroll_for(self.num_envs, multi_agent=bool(agent_ids))
+        self.unrolled_rng = lowering.unroll_for(self.num_envs)
         self.module_ids = tuple(self.module.module_ids) if self.agent_ids else ()
         self.multi_agent = bool(self.agent_ids)
         self._restart = bool(self.config.restart_failed_sub_environments)

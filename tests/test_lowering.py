@@ -121,9 +121,8 @@ def test_large_rollouts__compile_with_jax_own_lowering():
     assert not isinstance(large.jitted("random")["chunk"], lowering.UnrolledRngJit)
 
 
-def test_multi_agent_rollouts__unrolled_up_to_their_own_limit():
-    """Multi-agent rollouts measured faster unrolled up to `UNROLL_MAX_ENVS_MULTI_AGENT`
-    sub-envs (above the single-agent limit); above it, plain jit."""
+def test_multi_agent_rollouts__same_limit():
+    """Multi-agent samplers follow the same `UNROLL_MAX_ENVS` limit."""
     def sampler_of(num_envs):
         return jaxrunner.make_sampler(
             jaxrunner.RunnerConfig().environment("MultiAgentCartPole-v1",
@@ -134,11 +133,9 @@ def test_multi_agent_rollouts__unrolled_up_to_their_own_limit():
             .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=4)
             .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
 
-    assert lowering.UNROLL_MAX_ENVS < lowering.UNROLL_MAX_ENVS_MULTI_AGENT
-    mid = sampler_of(lowering.UNROLL_MAX_ENVS + 1)
-    large = sampler_of(lowering.UNROLL_MAX_ENVS_MULTI_AGENT + 1)
-    assert mid.multi_agent and mid.unrolled_rng and not large.unrolled_rng
-    assert isinstance(mid.jitted("random")["chunk"], lowering.UnrolledRngJit)
+    small, large = sampler_of(lowering.UNROLL_MAX_ENVS), sampler_of(lowering.UNROLL_MAX_ENVS + 1)
+    assert small.multi_agent and small.unrolled_rng and not large.unrolled_rng
+    assert isinstance(small.jitted("random")["chunk"], lowering.UnrolledRngJit)
     assert not isinstance(large.jitted("random")["chunk"], lowering.UnrolledRngJit)
 
 
