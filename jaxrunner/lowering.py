@@ -24,10 +24,11 @@ with that one site a loop, 1.33x / 1.09x / 1.10x at 1024 / 4096 / 16384
 (`benchmarks/results/unrolled_rng/`). The runner itself gained at every size up to 1024
 sub-envs (CartPole MLP and random actions, both auto-reset modes, Breakout-MinAtar,
 Pendulum). At 4096, runners built both ways in one process (alternating rounds) read at
-least as fast unrolled in every case (MinAtar 0.96 / 0.92 against 0.97 / 0.87 of the bare
-scan, Pendulum 0.92 / 0.87 against 0.79 / 0.83, CartPole 0.87 against 0.87, partial
-auto-reset 2.06x against 1.92x, multi-agent CartPole 0.84 / 0.88 against 0.70 / 0.73); at
-16384 CartPole's MLP runner read 0.92 against 0.94. Rollouts of more than
+least as fast unrolled in every case (MinAtar 0.96 / 0.92 / 0.90 against 0.97 / 0.87 /
+0.85 of the bare scan, Pendulum 0.92 / 0.87 / 0.89 against 0.79 / 0.83 / 0.82, CartPole
+0.87 / 0.87 against 0.87 / 0.78, partial auto-reset 2.06x against 1.92x, multi-agent
+CartPole 0.84 / 0.88 against 0.70 / 0.73); at 16384 CartPole's MLP runner read 0.92
+against 0.94. Rollouts of more than
 `UNROLL_MAX_ENVS` sub-envs keep JAX's lowering (`unroll_for`). One-off
 programs (module params init) always compile unrolled.
 
