@@ -221,12 +221,12 @@ class Sampler:
         self.env_name = runner.env_name
         self.module = runner.module
         self.num_envs = runner.num_envs
-        self.num_steps = int(num_steps)
-        self.default_key = default_key
-        self.agent_ids = tuple(agent_ids)
         # On CPU the programs compile with Threefry unrolled up to lowering.UNROLL_MAX_ENVS
         # sub-envs (faster there, bit for bit the same values; `jaxrunner.lowering`).
         self.unrolled_rng = lowering.unroll_for(self.num_envs)
+        self.num_steps = int(num_steps)
+        self.default_key = default_key
+        self.agent_ids = tuple(agent_ids)
         self.module_ids = tuple(self.module.module_ids) if self.agent_ids else ()
         self.multi_agent = bool(self.agent_ids)
         self._restart = bool(self.config.restart_failed_sub_environments)

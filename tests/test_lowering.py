@@ -107,34 +107,31 @@ def test_runner_programs__compiled_with_the_unrolled_hash():
     assert _threefry_loops(lowered.compile().as_text()) == []
 
 
-def test_large_rollouts__compile_with_jax_own_lowering():
-    """Above `UNROLL_MAX_ENVS` sub-envs the unrolled hash was not faster: plain jit."""
+def _single_agent_config():
+    return jaxrunner.RunnerConfig().environment("CartPole-v1")
+
+
+def _multi_agent_config():
+    return (jaxrunner.RunnerConfig()
+            .environment("MultiAgentCartPole-v1", env_config={"num_agents": 2})
+            .multi_agent(policies={"p0", "p1"}, policy_mapping_fn=lambda agent_id, episode: (
+                "p0" if agent_id == "agent_0" else "p1")))
+
+
+@pytest.mark.parametrize("base_config", [_single_agent_config, _multi_agent_config],
+                         ids=["single_agent", "multi_agent"])
+def test_large_rollouts__compile_with_jax_own_lowering(base_config):
+    """Above `UNROLL_MAX_ENVS` sub-envs the unrolled hash was not faster: plain jit, for
+    single- and multi-agent samplers alike."""
     def sampler_of(num_envs):
         return jaxrunner.make_sampler(
-            jaxrunner.RunnerConfig().environment("CartPole-v1")
+            base_config()
             .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=4)
             .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
 
     small, large = sampler_of(lowering.UNROLL_MAX_ENVS), sampler_of(lowering.UNROLL_MAX_ENVS + 1)
+    assert small.multi_agent == (base_config is _multi_agent_config)
     assert small.unrolled_rng and not large.unrolled_rng
-    assert isinstance(small.jitted("random")["chunk"], lowering.UnrolledRngJit)
-    assert not isinstance(large.jitted("random")["chunk"], lowering.UnrolledRngJit)
-
-
-def test_multi_agent_rollouts__same_limit():
-    """Multi-agent samplers follow the same `UNROLL_MAX_ENVS` limit."""
-    def sampler_of(num_envs):
-        return jaxrunner.make_sampler(
-            jaxrunner.RunnerConfig().environment("MultiAgentCartPole-v1",
-                                                 env_config={"num_agents": 2})
-            .multi_agent(policies={"p0", "p1"},
-                         policy_mapping_fn=lambda agent_id, episode: (
-                             "p0" if agent_id == "agent_0" else "p1"))
-            .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=4)
-            .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
-
-    small, large = sampler_of(lowering.UNROLL_MAX_ENVS), sampler_of(lowering.UNROLL_MAX_ENVS + 1)
-    assert small.multi_agent and small.unrolled_rng and not large.unrolled_rng
     assert isinstance(small.jitted("random")["chunk"], lowering.UnrolledRngJit)
     assert not isinstance(large.jitted("random")["chunk"], lowering.UnrolledRngJit)
 

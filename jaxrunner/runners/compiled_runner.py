@@ -339,15 +339,15 @@ class CompiledEnvRunner(EnvRunner):
     def _init_beside_chunk_compile(self, fns: dict) -> None:
         """A fresh runner's first carry, computed in a thread while this thread traces and
         compiles `fns`'s chunk from the carry's shapes: the init program's XLA compile
-        (which runs without the GIL) overlaps the chunk's tracing and lowering (which
-        hold it), about 0.3 s of a fresh process's first `sample()` on a 2-core CPU.
-        The chunk's first call then finds its compiled program. Same carry, same
-        programs as computing the carry first. Only where nothing else could differ:
-        one device (no sharding), no device callbacks, jit enabled."""
-        if (self._carry is not None or getattr(self, "_host", None) is not None
-                or self._mesh is not None
-                or self._device_callbacks is not None or "chunk_compiled" in fns
-                or jax.config.jax_disable_jit):
+        (which runs without the GIL) overlaps the chunk's tracing, lowering and
+        single-threaded HLO passes: CartPole's first `sample()` in a fresh process took
+        0.56 s less on a 2-core CPU (`benchmarks/results/first_sample/`). The chunk's
+        first call then finds its compiled program. Same carry, same programs as
+        computing the carry first. Only where nothing else could differ: a JAX env (not
+        host-stepped), one device (no sharding), no device callbacks, jit enabled."""
+        if (self._carry is not None or not self._carry_is_capturable()
+                or self._mesh is not None or self._device_callbacks is not None
+                or "chunk_compiled" in fns or jax.config.jax_disable_jit):
             return
         init_fns = self._fns("explore")
         key, params, env_params = self._carry_start_key(), self._params, self.env_params
