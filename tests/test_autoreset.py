@@ -1,6 +1,8 @@
 """Auto-reset strategies give the same episode semantics: "gymnax" (reset every step,
 select) and "partial" (a few resets per step, fallback to all when many episodes end)."""
 
+import functools
+
 import gymnax
 import jax
 import jax.numpy as jnp
@@ -230,3 +232,41 @@ def test_chunk__gymnax_step_splits_no_key_of_its_own():
         return _random_splits(jax.make_jaxpr(sampler.sample)(state, sampler.params).jaxpr)
 
     assert splits(OwnStep()) == splits(CartPole()) + 1
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"])
+def test_separate_resets__same_steps_and_the_reset_in_its_own_kernel(env_id):
+    """With `separate_resets` every sub-env's reset is drawn in a kernel of its own (a
+    conditional in the compiled CPU program) and the vector step gives the same
+    observations, states, rewards and flags bit for bit, over steps that end episodes."""
+    from jaxrunner import lowering
+    from jaxrunner.core.autoreset import gymnax_step_fns, make_env_step
+
+    env, params = gymnax.make(env_id)
+    fns = gymnax_step_fns(env)
+    assert fns.takes_reset_gate
+    num_envs, space = 32, env.action_space(params)
+    steps = {flag: make_env_step(fns, num_envs, "gymnax", 1, separate_resets=flag)
+             for flag in (False, True)}
+
+    def rollout(step, key, states):
+        def body(states, key):
+            key_act, key_step = jax.random.split(key)
+            actions = jax.vmap(space.sample)(jax.random.split(key_act, num_envs))
+            keys = jax.random.split(key_step, step.num_keys)
+            obs, states, reward, terminated, truncated, info = step.step(keys, states,
+                                                                         actions, params)
+            return states, (obs, reward, terminated, truncated, info["final_observation"])
+        return jax.lax.scan(body, states, jax.random.split(key, 300))
+
+    _, states = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(jax.random.key(1), num_envs), params)
+    results, programs = {}, {}
+    for flag, step in steps.items():
+        jitted = lowering.jit(functools.partial(rollout, step), unrolled=True)
+        programs[flag] = jitted.lower(jax.random.key(2), states).compile().as_text()
+        results[flag] = jitted(jax.random.key(2), states)
+    assert "conditional(" in programs[True] and "conditional(" not in programs[False]
+    jax.tree.map(np.testing.assert_array_equal, results[True], results[False])
+    terminated, truncated = results[True][1][2], results[True][1][3]
+    assert int(jnp.sum(terminated | truncated)) >= num_envs, "the test needs episode ends"

@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxrunner import lowering
 from jaxrunner.core.autoreset import make_env_step, step_reads_key
 from jaxrunner.core.callbacks import EpisodeStart, batched_info, per_env_struct
 from jaxrunner.core.carry import ChunkInfo, MetricRegisters
@@ -61,6 +62,9 @@ from jaxrunner.core.faults import recreate_failed, step_failed
 from jaxrunner.core.ring import write_ring
 
 POLICY_MODES = ("explore", "inference", "random")
+# Rollouts compiled with the unrolled hash compute each sub-env's reset in a kernel of its
+# own on CPU (`jaxrunner.core.autoreset.separate_reset`); False only for A/B benchmarks.
+SEPARATE_RESETS = True
 
 
 def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
@@ -190,8 +194,11 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
                                      params, env_params)
             step_keys = step_reads_key(step_fns, carry.key, carry.env_state, actions,
                                        env_params)
-            bound["env_step"] = make_env_step(step_fns, num_envs, spec.autoreset_mode,
-                                              spec.partial_reset_ratio, step_keys=step_keys)
+            bound["env_step"] = make_env_step(
+                step_fns, num_envs, spec.autoreset_mode, spec.partial_reset_ratio,
+                step_keys=step_keys,
+                separate_resets=SEPARATE_RESETS and lowering.UNROLLED_THREEFRY_AVAILABLE
+                and lowering.unroll_for(num_envs))
         return bound["env_step"]
 
     def bound_callbacks(carry: Any, params: Any, env_params: Any):

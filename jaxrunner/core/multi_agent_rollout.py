@@ -231,6 +231,7 @@ def multi_agent_step_fns(env: Any) -> EnvStepFns:
     return EnvStepFns(
         auto_step=env.step, reset=env.reset, step_no_reset=step_no_reset,
         auto_step_with_keys=env.step_with_keys if own_step else None,
+        takes_reset_gate=own_step and type(env).step_with_keys is MultiAgentEnv.step_with_keys,
         episode_done=lambda terminateds, truncateds: jnp.logical_or(
             jnp.asarray(terminateds[ALL], jnp.bool_), jnp.asarray(truncateds[ALL], jnp.bool_)))
 

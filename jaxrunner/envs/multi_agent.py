@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrunner.core.autoreset import select_where
+from jaxrunner.core.autoreset import select_where, separate_reset
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.registry import make_jax_env, register_env
 
@@ -114,10 +114,12 @@ class MultiAgentEnv(abc.ABC):
         return self.step_with_keys(key_step, key_reset, state, actions, params)
 
     def step_with_keys(self, key_step: jax.Array, key_reset: jax.Array, state: Any,
-                       actions: dict, params: Any = None
+                       actions: dict, params: Any = None, reset_gate: jax.Array | None = None
                        ) -> tuple[dict, Any, dict, dict, dict, dict]:
         """`step` with the step and reset keys it splits from its key given (the
-        compiled runner draws both in its one key split per vector step)."""
+        compiled runner draws both in its one key split per vector step). With
+        `reset_gate` (`jaxrunner.core.autoreset.always_true`), the reset is computed in a
+        kernel of its own on CPU (`separate_reset`); same values."""
         if params is None:
             params = self.default_params
         acting = self.agents_to_act(state, params)
@@ -130,6 +132,8 @@ class MultiAgentEnv(abc.ABC):
         self._check_keys("step() truncateds", truncateds, with_all=True)
         done = jnp.logical_or(terminateds[ALL], truncateds[ALL])
         obs_re, state_re = self.reset_env(key_reset, params)
+        if reset_gate is not None:
+            obs_re, state_re = separate_reset((obs_re, state_re), reset_gate)
         state = select_where(done, state_re, state_st)
         obs = select_where(done, obs_re, obs_st)
         infos = {**dict(infos), "final_observation": obs_st}

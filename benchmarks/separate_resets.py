@@ -1,0 +1,98 @@
+"""What drawing each sub-env's reset in a kernel of its own costs or saves, same process.
+
+    python benchmarks/separate_resets.py [--rounds 5] [--output PATH]
+
+For each case two runners are built in one process, one with the reset separated (the
+default, `jaxrunner.core.chunk.SEPARATE_RESETS = True`) and one with XLA left to fuse it
+into the selects of the auto-reset (`False`), beside the bare PureJaxRL-style scan
+(`jaxrunner.benchmarking`, JAX's default lowering), in alternating rounds
+(`jaxrunner.benchmarking.compare`, the order reversed every round). Separating applies to
+rollouts compiled with the unrolled hash (at most `lowering.UNROLL_MAX_ENVS` sub-envs) on
+CPU; see `jaxrunner.core.autoreset.separate_reset`. Both runners sample the same values.
+Single-agent: 64x64 MLP, explore, 128 steps a call; multi-agent: `MultiAgentCartPole-v1`
+with 2 agents, one 64x64 MLP each (`benchmarks/throughput_multi_agent.py`).
+JSON to `benchmarks/results/separate_resets/ab.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jaxrunner.benchmarking import compare, machine_info, make_bare_scan, make_jaxrunner  # noqa: E402
+from jaxrunner.core import chunk  # noqa: E402
+
+HIDDENS = (64, 64)
+NUM_STEPS = 128
+CASES = (("CartPole-v1", 64), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
+         ("Breakout-MinAtar", 1024), ("Breakout-MinAtar", 4096),
+         ("Pendulum-v1", 1024), ("Pendulum-v1", 4096),
+         ("MultiAgentCartPole-v1", 1024), ("MultiAgentCartPole-v1", 4096))
+
+
+def _sides(env_id: str, num_envs: int) -> dict:
+    """`{"separate": run, "fused": run, "bare_scan": run}`, each `run()` one call."""
+    if env_id.startswith("MultiAgent"):
+        import throughput_multi_agent as multi_agent
+
+        def runner():
+            return multi_agent.make_runner(env_id, num_envs, NUM_STEPS, HIDDENS,
+                                           {"num_agents": 2})[0]
+
+        def bare():
+            return multi_agent.make_bare_scan(env_id, num_envs, NUM_STEPS, HIDDENS,
+                                              {"num_agents": 2})
+    else:
+        def runner():
+            return make_jaxrunner(env_id, num_envs, NUM_STEPS, HIDDENS, False)[0]
+
+        def bare():
+            return make_bare_scan(env_id, num_envs, NUM_STEPS, HIDDENS, False)
+    sides = {}
+    try:
+        for name, flag in (("fused", False), ("separate", True)):
+            chunk.SEPARATE_RESETS = flag  # read when the runner's chunk is first traced
+            sides[name] = runner()
+    finally:
+        chunk.SEPARATE_RESETS = True
+    sides["bare_scan"] = bare()
+    return sides
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cases", nargs="*", default=None,
+                        help="ENV:NUM_ENVS entries (default: all)")
+    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
+                                                         "separate_resets", "ab.json"))
+    args = parser.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    cases = CASES if not args.cases else tuple(
+        (c.split(":")[0], int(c.split(":")[1])) for c in args.cases)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    out = {"benchmark": "separate_resets", "commit": commit, "machine": machine_info(),
+           "rounds": args.rounds, "num_steps_per_call": NUM_STEPS, "cases": []}
+    for env_id, num_envs in cases:
+        load = os.getloadavg()[0]
+        result = compare(_sides(env_id, num_envs), num_envs * NUM_STEPS, rounds=args.rounds)
+        result.pop("_timings", None)
+        result.update(env=env_id, num_envs=num_envs,
+                      load_avg_1min=[round(load, 2), round(os.getloadavg()[0], 2)])
+        out["cases"].append(result)
+        ratios = result["ratio_to_bare_scan"]
+        print(f"{env_id} {num_envs}: separate {ratios['separate']:.3f}, fused "
+              f"{ratios['fused']:.3f} of the bare scan", flush=True)
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
