@@ -2,13 +2,15 @@
 
     python benchmarks/separate_resets.py [--rounds 5] [--output PATH]
 
-For each case two runners are built in one process, one with the reset separated (the
-default, `jaxrunner.core.chunk.SEPARATE_RESETS = True`) and one with XLA left to fuse it
-into the selects of the auto-reset (`False`), beside the bare PureJaxRL-style scan
+For each case two runners are built in one process, one with the reset separated
+(`jaxrunner.core.chunk.SEPARATE_RESETS = True`) and one with XLA left to fuse it into the
+selects of the auto-reset (`False`), beside the bare PureJaxRL-style scan
 (`jaxrunner.benchmarking`, JAX's default lowering), in alternating rounds
 (`jaxrunner.benchmarking.compare`, the order reversed every round). Separating applies to
 rollouts compiled with the unrolled hash (at most `lowering.UNROLL_MAX_ENVS` sub-envs) on
 CPU; see `jaxrunner.core.autoreset.separate_reset`. Both runners sample the same values.
+The default ("auto") separates where at least 4 leaves of the reset read its key
+(`reset_spreads_its_draw`); each case records which it picks (`auto_separates`).
 Single-agent: 64x64 MLP, explore, 128 steps a call; multi-agent: `MultiAgentCartPole-v1`
 with 2 agents, one 64x64 MLP each (`benchmarks/throughput_multi_agent.py`).
 JSON to `benchmarks/results/separate_resets/ab.json`.
@@ -24,7 +26,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrunner.benchmarking import compare, machine_info, make_bare_scan, make_jaxrunner  # noqa: E402
+from jaxrunner.benchmarking import (compare, machine_info, make_bare_scan,  # noqa: E402
+                                    make_jaxrunner)
 from jaxrunner.core import chunk  # noqa: E402
 
 HIDDENS = (64, 64)
@@ -59,9 +62,30 @@ def _sides(env_id: str, num_envs: int) -> dict:
             chunk.SEPARATE_RESETS = flag  # read when the runner's chunk is first traced
             sides[name] = runner()
     finally:
-        chunk.SEPARATE_RESETS = True
+        chunk.SEPARATE_RESETS = "auto"
     sides["bare_scan"] = bare()
     return sides
+
+
+def _auto_separates(env_id: str) -> bool:
+    """Whether the default ("auto") separates this env's reset."""
+    import jax
+
+    import gymnax
+
+    from jaxrunner.core.autoreset import gymnax_step_fns, reset_spreads_its_draw
+
+    if env_id.startswith("MultiAgent"):
+        from jaxrunner.core.multi_agent_rollout import multi_agent_step_fns
+        from jaxrunner.envs.context import EnvContext
+        from jaxrunner.envs.multi_agent import make_multi_agent_env
+
+        env, params, _ = make_multi_agent_env(env_id, EnvContext({"num_agents": 2}))
+        fns = multi_agent_step_fns(env)
+    else:
+        env, params = gymnax.make(env_id)
+        fns = gymnax_step_fns(env)
+    return reset_spreads_its_draw(fns, jax.random.key(0), params)
 
 
 def main() -> None:
@@ -83,7 +107,7 @@ def main() -> None:
         load = os.getloadavg()[0]
         result = compare(_sides(env_id, num_envs), num_envs * NUM_STEPS, rounds=args.rounds)
         result.pop("_timings", None)
-        result.update(env=env_id, num_envs=num_envs,
+        result.update(env=env_id, num_envs=num_envs, auto_separates=_auto_separates(env_id),
                       load_avg_1min=[round(load, 2), round(os.getloadavg()[0], 2)])
         out["cases"].append(result)
         ratios = result["ratio_to_bare_scan"]

@@ -270,3 +270,20 @@ def test_separate_resets__same_steps_and_the_reset_in_its_own_kernel(env_id):
     jax.tree.map(np.testing.assert_array_equal, results[True], results[False])
     terminated, truncated = results[True][1][2], results[True][1][3]
     assert int(jnp.sum(terminated | truncated)) >= num_envs, "the test needs episode ends"
+
+
+@pytest.mark.parametrize("env_id, keyed_leaves", [
+    ("CartPole-v1", 5), ("Breakout-MinAtar", 4), ("Pendulum-v1", 3), ("Asterix-MinAtar", 0)])
+def test_reset_spreads_its_draw__counts_the_reset_leaves_that_read_the_key(env_id,
+                                                                            keyed_leaves):
+    """The default separates a reset where at least 4 of its output leaves read its key
+    (CartPole: the observation and 4 state fields; Asterix's reset reads no key)."""
+    from jaxrunner.core.autoreset import (SEPARATE_RESET_MIN_KEYED_LEAVES, gymnax_step_fns,
+                                          reset_spreads_its_draw)
+    from jaxrunner.core.dependence import count_outputs_reading_first
+
+    env, params = gymnax.make(env_id)
+    key = jax.random.key(0)
+    assert count_outputs_reading_first(env.reset_env, key, params) == keyed_leaves
+    assert reset_spreads_its_draw(gymnax_step_fns(env), key, params) == (
+        keyed_leaves >= SEPARATE_RESET_MIN_KEYED_LEAVES)

@@ -34,10 +34,13 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrunner.core.dependence import reads_first_argument
+from jaxrunner.core.dependence import count_outputs_reading_first, reads_first_argument
 from jaxrunner.core.faults import select_rows
 
 AUTORESET_MODES = ("gymnax", "partial")
+# A reset is drawn in a kernel of its own ("auto") when at least this many of its output
+# leaves read its key (see `reset_spreads_its_draw`).
+SEPARATE_RESET_MIN_KEYED_LEAVES = 4
 
 
 class EnvStepFns(NamedTuple):
@@ -96,6 +99,15 @@ def step_reads_key(fns: EnvStepFns, key: jax.Array, states: Any, actions: Any,
 
     return reads_first_argument(fns.step_no_reset, key, one_sub_env(states),
                                 one_sub_env(actions), env_params)
+
+
+def reset_spreads_its_draw(fns: EnvStepFns, key: jax.Array, env_params: Any) -> bool:
+    """Whether at least `SEPARATE_RESET_MIN_KEYED_LEAVES` leaves of one sub-env's reset
+    (`fns.reset(key, env_params)`, traced) depend on its key: XLA:CPU then computes the
+    reset's random draw in that many fusions when it is not separated (`separate_reset`).
+    `key` is a typed key (array, tracer or shape struct). False when unknown."""
+    count = count_outputs_reading_first(fns.reset, key, env_params)
+    return count is not None and count >= SEPARATE_RESET_MIN_KEYED_LEAVES
 
 
 def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio: int,
@@ -255,4 +267,5 @@ def gymnax_step_fns(env: Any) -> EnvStepFns:
 
 __all__ = ["AUTORESET_MODES", "EnvStepFns", "VectorEnvStep", "always_true",
            "check_partial_autoreset_env", "gymnax_step_fns", "has_base_gymnax_step",
-           "make_env_step", "select_where", "separate_reset", "step_reads_key"]
+           "make_env_step", "reset_spreads_its_draw", "select_where", "separate_reset",
+           "step_reads_key"]

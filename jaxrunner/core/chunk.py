@@ -55,16 +55,18 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrunner import lowering
-from jaxrunner.core.autoreset import make_env_step, step_reads_key
+from jaxrunner.core.autoreset import make_env_step, reset_spreads_its_draw, step_reads_key
 from jaxrunner.core.callbacks import EpisodeStart, batched_info, per_env_struct
 from jaxrunner.core.carry import ChunkInfo, MetricRegisters
 from jaxrunner.core.faults import recreate_failed, step_failed
 from jaxrunner.core.ring import write_ring
 
 POLICY_MODES = ("explore", "inference", "random")
-# Rollouts compiled with the unrolled hash compute each sub-env's reset in a kernel of its
-# own on CPU (`jaxrunner.core.autoreset.separate_reset`); False only for A/B benchmarks.
-SEPARATE_RESETS = True
+# Whether rollouts compiled with the unrolled hash compute each sub-env's reset in a kernel
+# of its own on CPU (`jaxrunner.core.autoreset.separate_reset`): "auto" where the reset's
+# draw would otherwise be computed in several fusions (`reset_spreads_its_draw`); True and
+# False (always, never) are for A/B benchmarks (`benchmarks/separate_resets.py`).
+SEPARATE_RESETS: bool | str = "auto"
 
 
 def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
@@ -194,11 +196,12 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
                                      params, env_params)
             step_keys = step_reads_key(step_fns, carry.key, carry.env_state, actions,
                                        env_params)
+            separate = (lowering.UNROLLED_THREEFRY_AVAILABLE and lowering.unroll_for(num_envs)
+                        and (SEPARATE_RESETS is True or SEPARATE_RESETS == "auto"
+                             and reset_spreads_its_draw(step_fns, carry.key, env_params)))
             bound["env_step"] = make_env_step(
                 step_fns, num_envs, spec.autoreset_mode, spec.partial_reset_ratio,
-                step_keys=step_keys,
-                separate_resets=SEPARATE_RESETS and lowering.UNROLLED_THREEFRY_AVAILABLE
-                and lowering.unroll_for(num_envs))
+                step_keys=step_keys, separate_resets=bool(separate))
         return bound["env_step"]
 
     def bound_callbacks(carry: Any, params: Any, env_params: Any):

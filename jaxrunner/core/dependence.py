@@ -45,4 +45,21 @@ def reads_first_argument(fn: Callable, first: Any, *rest: Any) -> bool:
     return outputs_depend_on(closed.jaxpr, closed.jaxpr.invars[:num_first])
 
 
-__all__ = ["outputs_depend_on", "reads_first_argument"]
+def count_outputs_reading_first(fn: Callable, first: Any, *rest: Any) -> int | None:
+    """How many output leaves of `fn(first, *rest)` depend on `first` (traced as in
+    `reads_first_argument`); None when `fn` cannot be traced on its own."""
+    def abstract(tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), x.dtype)
+                            if hasattr(x, "dtype") else x, tree)
+
+    try:
+        closed = jax.make_jaxpr(fn)(abstract(first), *(abstract(r) for r in rest))
+    except Exception:  # noqa: BLE001 - unknown: the caller keeps its default
+        return None
+    jaxpr = closed.jaxpr
+    first_vars = jaxpr.invars[:len(jax.tree.leaves(first))]
+    return sum(outputs_depend_on(jaxpr.replace(outvars=[v]), first_vars)
+               for v in jaxpr.outvars)
+
+
+__all__ = ["count_outputs_reading_first", "outputs_depend_on", "reads_first_argument"]
