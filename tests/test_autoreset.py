@@ -272,18 +272,19 @@ def test_separate_resets__same_steps_and_the_reset_in_its_own_kernel(env_id):
     assert int(jnp.sum(terminated | truncated)) >= num_envs, "the test needs episode ends"
 
 
-@pytest.mark.parametrize("env_id, keyed_leaves", [
-    ("CartPole-v1", 5), ("Breakout-MinAtar", 4), ("Pendulum-v1", 3), ("Asterix-MinAtar", 0)])
-def test_reset_spreads_its_draw__counts_the_reset_leaves_that_read_the_key(env_id,
-                                                                            keyed_leaves):
+@pytest.mark.parametrize("env_id, keyed_leaves, separated", [
+    ("CartPole-v1", 5, True), ("Acrobot-v1", 5, True), ("Breakout-MinAtar", 4, False),
+    ("Pendulum-v1", 3, False), ("Asterix-MinAtar", 0, False)])
+def test_reset_spreads_its_draw__few_bytes_in_many_keyed_leaves(env_id, keyed_leaves,
+                                                                 separated):
     """The default separates a reset where at least 4 of its output leaves read its key
-    (CartPole: the observation and 4 state fields; Asterix's reset reads no key)."""
-    from jaxrunner.core.autoreset import (SEPARATE_RESET_MIN_KEYED_LEAVES, gymnax_step_fns,
-                                          reset_spreads_its_draw)
-    from jaxrunner.core.dependence import count_outputs_reading_first
+    and they hold at most 256 bytes (CartPole: the observation and 4 state fields, 32
+    bytes; Breakout-MinAtar's 4 include a 1,600-byte observation; Asterix's reset reads no
+    key)."""
+    from jaxrunner.core.autoreset import gymnax_step_fns, reset_spreads_its_draw
+    from jaxrunner.core.dependence import outputs_reading_first
 
     env, params = gymnax.make(env_id)
     key = jax.random.key(0)
-    assert count_outputs_reading_first(env.reset_env, key, params) == keyed_leaves
-    assert reset_spreads_its_draw(gymnax_step_fns(env), key, params) == (
-        keyed_leaves >= SEPARATE_RESET_MIN_KEYED_LEAVES)
+    assert len(outputs_reading_first(env.reset_env, key, params)) == keyed_leaves
+    assert reset_spreads_its_draw(gymnax_step_fns(env), key, params) is separated

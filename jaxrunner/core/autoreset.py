@@ -34,13 +34,15 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrunner.core.dependence import count_outputs_reading_first, reads_first_argument
+from jaxrunner.core.dependence import outputs_reading_first, reads_first_argument
 from jaxrunner.core.faults import select_rows
 
 AUTORESET_MODES = ("gymnax", "partial")
 # A reset is drawn in a kernel of its own ("auto") when at least this many of its output
-# leaves read its key (see `reset_spreads_its_draw`).
+# leaves read its key, holding at most this many bytes a sub-env together (see
+# `reset_spreads_its_draw`).
 SEPARATE_RESET_MIN_KEYED_LEAVES = 4
+SEPARATE_RESET_MAX_KEYED_BYTES = 256
 
 
 class EnvStepFns(NamedTuple):
@@ -102,12 +104,25 @@ def step_reads_key(fns: EnvStepFns, key: jax.Array, states: Any, actions: Any,
 
 
 def reset_spreads_its_draw(fns: EnvStepFns, key: jax.Array, env_params: Any) -> bool:
-    """Whether at least `SEPARATE_RESET_MIN_KEYED_LEAVES` leaves of one sub-env's reset
-    (`fns.reset(key, env_params)`, traced) depend on its key: XLA:CPU then computes the
-    reset's random draw in that many fusions when it is not separated (`separate_reset`).
-    `key` is a typed key (array, tracer or shape struct). False when unknown."""
-    count = count_outputs_reading_first(fns.reset, key, env_params)
-    return count is not None and count >= SEPARATE_RESET_MIN_KEYED_LEAVES
+    """Whether one sub-env's reset (`fns.reset(key, env_params)`, traced) is worth
+    drawing in a kernel of its own (`separate_reset`): at least
+    `SEPARATE_RESET_MIN_KEYED_LEAVES` of its output leaves depend on its key (XLA:CPU
+    otherwise computes the draw once in each of their fusions) and those leaves hold at
+    most `SEPARATE_RESET_MAX_KEYED_BYTES` (separating writes and reads them once more every
+    step). `key` is a typed key (array, tracer or shape struct). False when unknown.
+
+    Measured with every reset separated (`benchmarks/results/separate_resets/`, two
+    same-process runs): CartPole (5 leaves, 32 bytes) 1.01 / 1.08 against 0.83 / 0.89 of
+    the bare scan at 4096 envs and 1.11 / 1.12 against 1.04 / 1.06 at 1024; multi-agent
+    CartPole 1.27 / 1.31 against 1.23 / 1.17 at 1024; Pendulum (3 leaves) 1.01 / 1.11
+    against 1.09 / 1.26 at 1024; Breakout-MinAtar (4 leaves, a 1,600-byte observation)
+    0.91 / 0.88 against 0.98 / 0.99 at 1024."""
+    keyed = outputs_reading_first(fns.reset, key, env_params)
+    if keyed is None:
+        return False
+    size = sum(math.prod(aval.shape) * jnp.dtype(aval.dtype).itemsize for aval in keyed)
+    return len(keyed) >= SEPARATE_RESET_MIN_KEYED_LEAVES and (
+        size <= SEPARATE_RESET_MAX_KEYED_BYTES)
 
 
 def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio: int,
@@ -200,10 +215,8 @@ def separate_reset(tree: Any, gate: jax.Array) -> Any:
     it (XLA:CPU expands barriers before fusion). A conditional the compiler cannot
     resolve does: the reset is drawn once, from the step's keys alone, so it can run
     beside the policy's forward pass. Same values either way (`gate` is always True).
-    Same-process A/B runs (`benchmarks/results/separate_resets/`): Breakout-MinAtar 0.91
-    / 0.91 against 0.83 / 0.79 of the bare scan at 4096 envs, CartPole 1.11 / 0.97
-    against 1.01 / 0.96, Pendulum 0.79 / 0.79 at 4096 and 0.97 / 0.94 against 1.05 / 1.10
-    at 1024."""
+    Where it pays is measured, not known in advance: `reset_spreads_its_draw` says
+    where the runner uses it."""
     def on_cpu(tree: Any, gate: jax.Array) -> Any:
         return jax.lax.cond(gate, lambda t: t, lambda t: jax.tree.map(jnp.zeros_like, t),
                             tree)

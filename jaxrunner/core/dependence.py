@@ -45,9 +45,10 @@ def reads_first_argument(fn: Callable, first: Any, *rest: Any) -> bool:
     return outputs_depend_on(closed.jaxpr, closed.jaxpr.invars[:num_first])
 
 
-def count_outputs_reading_first(fn: Callable, first: Any, *rest: Any) -> int | None:
-    """How many output leaves of `fn(first, *rest)` depend on `first` (traced as in
-    `reads_first_argument`); None when `fn` cannot be traced on its own."""
+def outputs_reading_first(fn: Callable, first: Any, *rest: Any) -> list[Any] | None:
+    """The abstract values (`shape`, `dtype`) of the output leaves of `fn(first, *rest)`
+    that depend on `first` (traced as in `reads_first_argument`); None when `fn` cannot
+    be traced on its own."""
     def abstract(tree):
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), x.dtype)
                             if hasattr(x, "dtype") else x, tree)
@@ -58,8 +59,9 @@ def count_outputs_reading_first(fn: Callable, first: Any, *rest: Any) -> int | N
         return None
     jaxpr = closed.jaxpr
     first_vars = jaxpr.invars[:len(jax.tree.leaves(first))]
-    return sum(outputs_depend_on(jaxpr.replace(outvars=[v]), first_vars)
-               for v in jaxpr.outvars)
+    return [v.aval for v in jaxpr.outvars
+            if not isinstance(v, Literal)
+            and outputs_depend_on(jaxpr.replace(outvars=[v]), first_vars)]
 
 
-__all__ = ["count_outputs_reading_first", "outputs_depend_on", "reads_first_argument"]
+__all__ = ["outputs_depend_on", "outputs_reading_first", "reads_first_argument"]
