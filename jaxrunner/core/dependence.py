@@ -29,32 +29,17 @@ def outputs_depend_on(jaxpr: Any, inputs: Sequence[Any]) -> bool:
     return reads(jaxpr.outvars)
 
 
-def reads_first_argument(fn: Callable, first: Any, *rest: Any) -> bool:
-    """Whether any output of `fn(first, *rest)` depends on `first`, traced with the
-    shapes and dtypes of the arguments (arrays, tracers or `jax.ShapeDtypeStruct`s).
-    True when `fn` cannot be traced on its own (nothing is left out then)."""
-    def abstract(tree):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), x.dtype)
-                            if hasattr(x, "dtype") else x, tree)
-
-    try:
-        closed = jax.make_jaxpr(fn)(abstract(first), *(abstract(r) for r in rest))
-    except Exception:  # noqa: BLE001 - an untraceable step keeps every key it is given
-        return True
-    num_first = len(jax.tree.leaves(first))
-    return outputs_depend_on(closed.jaxpr, closed.jaxpr.invars[:num_first])
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), x.dtype)
+                        if hasattr(x, "dtype") else x, tree)
 
 
 def outputs_reading_first(fn: Callable, first: Any, *rest: Any) -> list[Any] | None:
     """The abstract values (`shape`, `dtype`) of the output leaves of `fn(first, *rest)`
-    that depend on `first` (traced as in `reads_first_argument`); None when `fn` cannot
-    be traced on its own."""
-    def abstract(tree):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), x.dtype)
-                            if hasattr(x, "dtype") else x, tree)
-
+    that depend on `first`, traced with the shapes and dtypes of the arguments (arrays,
+    tracers or `jax.ShapeDtypeStruct`s); None when `fn` cannot be traced on its own."""
     try:
-        closed = jax.make_jaxpr(fn)(abstract(first), *(abstract(r) for r in rest))
+        closed = jax.make_jaxpr(fn)(_abstract(first), *(_abstract(r) for r in rest))
     except Exception:  # noqa: BLE001 - unknown: the caller keeps its default
         return None
     jaxpr = closed.jaxpr
@@ -62,6 +47,14 @@ def outputs_reading_first(fn: Callable, first: Any, *rest: Any) -> list[Any] | N
     return [v.aval for v in jaxpr.outvars
             if not isinstance(v, Literal)
             and outputs_depend_on(jaxpr.replace(outvars=[v]), first_vars)]
+
+
+def reads_first_argument(fn: Callable, first: Any, *rest: Any) -> bool:
+    """Whether any output of `fn(first, *rest)` depends on `first` (see
+    `outputs_reading_first`). True when `fn` cannot be traced on its own (nothing is
+    left out then)."""
+    keyed = outputs_reading_first(fn, first, *rest)
+    return True if keyed is None else bool(keyed)
 
 
 __all__ = ["outputs_depend_on", "outputs_reading_first", "reads_first_argument"]
