@@ -288,3 +288,19 @@ def test_reset_spreads_its_draw__few_bytes_in_many_keyed_leaves(env_id, keyed_le
     key = jax.random.key(0)
     assert len(outputs_reading_first(env.reset_env, key, params)) == keyed_leaves
     assert reset_spreads_its_draw(gymnax_step_fns(env), key, params) is separated
+
+
+def test_reset_spreads_its_draw__a_reset_that_keeps_a_key_in_its_state():
+    """Suite envs (Navix, Jumanji, Craftax, ...) keep a typed key in their state: it is
+    counted as one keyed leaf of 8 bytes, without an error."""
+    from jaxrunner.core.autoreset import EnvStepFns, reset_spreads_its_draw
+
+    def reset(key, params):
+        key, draw = jax.random.split(key)
+        x = jax.random.uniform(draw, (2,))
+        return x, {"key": key, "x0": x[0], "x1": x[1]}
+
+    fns = EnvStepFns(auto_step=None, reset=reset, step_no_reset=None, episode_done=None)
+    assert reset_spreads_its_draw(fns, jax.random.key(0), None) is True
+    assert reset_spreads_its_draw(fns._replace(reset=lambda k, p: reset(k, p)[:1] + (
+        {"key": reset(k, p)[1]["key"]},)), jax.random.key(0), None) is False

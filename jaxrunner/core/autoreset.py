@@ -120,7 +120,7 @@ def reset_spreads_its_draw(fns: EnvStepFns, key: jax.Array, env_params: Any) -> 
     keyed = outputs_reading_first(fns.reset, key, env_params)
     if keyed is None:
         return False
-    size = sum(math.prod(aval.shape) * jnp.dtype(aval.dtype).itemsize for aval in keyed)
+    size = sum(math.prod(aval.shape) * aval.dtype.itemsize for aval in keyed)  # keys: 8
     return len(keyed) >= SEPARATE_RESET_MIN_KEYED_LEAVES and (
         size <= SEPARATE_RESET_MAX_KEYED_BYTES)
 
