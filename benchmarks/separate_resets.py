@@ -38,9 +38,13 @@ CASES = (("CartPole-v1", 64), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
          ("MultiAgentCartPole-v1", 1024), ("MultiAgentCartPole-v1", 4096))
 
 
-def _sides(env_id: str, num_envs: int) -> dict:
-    """`{"separate": run, "fused": run, "bare_scan": run}`, each `run()` one call."""
+def runner_and_bare(env_id: str, num_envs: int) -> tuple:
+    """`(runner, bare)`: builders of one side each, `runner()` a jaxrunner runner's
+    `sample()` (multi-agent for `MultiAgent*` ids) and `bare()` the bare scan; each built
+    side is a `run()` doing one call. The runner reads module-level switches (such as
+    `chunk.SEPARATE_RESETS`) when its chunk is first traced, inside `runner()`."""
     if env_id.startswith("MultiAgent"):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import throughput_multi_agent as multi_agent
 
         def runner():
@@ -56,6 +60,12 @@ def _sides(env_id: str, num_envs: int) -> dict:
 
         def bare():
             return make_bare_scan(env_id, num_envs, NUM_STEPS, HIDDENS, False)
+    return runner, bare
+
+
+def _sides(env_id: str, num_envs: int) -> dict:
+    """`{"separate": run, "fused": run, "bare_scan": run}`, each `run()` one call."""
+    runner, bare = runner_and_bare(env_id, num_envs)
     sides = {}
     try:
         for name, flag in (("fused", False), ("separate", True)):

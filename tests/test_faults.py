@@ -180,3 +180,35 @@ def test_mark_step_failed_helper_sets_the_documented_key():
     info = mark_step_failed({"x": 1}, jnp.bool_(True))
     assert FAILURE_INFO_KEY == "env_step_failed" and bool(info[FAILURE_INFO_KEY])
     assert info["x"] == 1
+
+
+@pytest.mark.parametrize("layout", ["small", "large", "mixed_dtypes"])
+def test_all_finite__each_sub_env_flagged_exactly_whether_leaves_are_joined_or_not(layout):
+    """`all_finite` joins small floating leaves into one reduction per dtype and checks
+    large ones leaf by leaf; either way a sub-env is finite iff every floating value of
+    its entries is (integer leaves ignored), and no cast can turn a finite value into an
+    infinite one (a float16 leaf next to float32 ones stays float16)."""
+    from jaxrunner.core.faults import CONCATENATED_CHECK_MAX_BYTES, all_finite
+
+    num_envs = 6
+    obs_shape = {"small": (3,), "large": (CONCATENATED_CHECK_MAX_BYTES,),
+                 "mixed_dtypes": (2, 2)}[layout]
+    tree = {"obs": np.zeros((num_envs,) + obs_shape, np.float32),
+            "reward": np.ones((num_envs,), np.float32),
+            "count": np.full((num_envs, 2), 7, np.int32)}
+    if layout == "mixed_dtypes":
+        tree["half"] = np.full((num_envs, 2), 60000.0, np.float16)  # finite, near float16's max
+        tree["reward"][:] = 1e6  # finite in float32, infinite if cast to float16
+    small = sum(np.prod(v.shape[1:]) * v.dtype.itemsize for v in jax.tree.leaves(tree)
+                if np.issubdtype(v.dtype, np.floating)) <= CONCATENATED_CHECK_MAX_BYTES
+    assert small == (layout != "large")
+    np.testing.assert_array_equal(all_finite(tree), np.ones(num_envs, bool))
+    tree["obs"].reshape(num_envs, -1)[1, -1] = np.nan
+    tree["reward"][3] = np.inf
+    tree["count"][4] = -1  # integers are never a failure
+    expected = np.array([True, False, True, False, True, True])
+    if layout == "mixed_dtypes":
+        tree["half"][5, 0] = -np.inf
+        expected[5] = False
+    np.testing.assert_array_equal(jax.jit(all_finite)(tree), expected)
+    assert all_finite({"count": tree["count"]}) is None

@@ -22,16 +22,32 @@ def mark_step_failed(info: dict, failed: Any = True) -> dict:
     return {**info, FAILURE_INFO_KEY: jnp.asarray(failed, jnp.bool_)}
 
 
+# Floating leaves holding at most this many bytes a sub-env together are checked as one
+# `(B, N)` array per dtype (one reduction over their concatenation) instead of one
+# reduction per leaf. At 4096 sub-envs on the 2-core CPU (same process, alternating
+# rounds) Pendulum's runner read 0.91 of the bare scan checked this way against 0.81 per
+# leaf (0.89 with no check at all) and CartPole 1.00 against 0.97; Breakout-MinAtar's
+# 1,600-byte observation lost (0.78 against 0.95): the concatenation copies it every step.
+CONCATENATED_CHECK_MAX_BYTES = 256
+
+
 def all_finite(tree: Any) -> jax.Array | None:
     """(B,) bool: every floating leaf of each sub-env's entry is finite; None if `tree` has
-    no floating leaf."""
+    no floating leaf. Leaves are `(B, ...)` arrays."""
+    rows = [leaf.reshape(leaf.shape[0], -1) for leaf in map(jnp.asarray, jax.tree.leaves(tree))
+            if jnp.issubdtype(leaf.dtype, jnp.floating)]
+    if not rows:
+        return None
+    if sum(r.shape[1] * r.dtype.itemsize for r in rows) <= CONCATENATED_CHECK_MAX_BYTES:
+        by_dtype: dict[Any, list[jax.Array]] = {}
+        for r in rows:  # one array per dtype: no cast can turn a finite value infinite
+            by_dtype.setdefault(r.dtype, []).append(r)
+        rows = [jnp.concatenate(group, axis=1) if len(group) > 1 else group[0]
+                for group in by_dtype.values()]
     ok = None
-    for leaf in jax.tree.leaves(tree):
-        leaf = jnp.asarray(leaf)
-        if not jnp.issubdtype(leaf.dtype, jnp.floating):
-            continue
-        leaf_ok = jnp.all(jnp.isfinite(leaf).reshape(leaf.shape[0], -1), axis=-1)
-        ok = leaf_ok if ok is None else ok & leaf_ok
+    for r in rows:
+        row_ok = jnp.all(jnp.isfinite(r), axis=-1)
+        ok = row_ok if ok is None else ok & row_ok
     return ok
 
 
@@ -70,5 +86,5 @@ def recreate_failed(failed: jax.Array, env_state: Any, obs: Any, key: jax.Array,
     return jax.lax.cond(jnp.any(failed), recreate, lambda args: args, (env_state, obs, key))
 
 
-__all__ = ["FAILURE_INFO_KEY", "all_finite", "mark_step_failed", "recreate_failed",
-           "select_rows", "step_failed"]
+__all__ = ["CONCATENATED_CHECK_MAX_BYTES", "FAILURE_INFO_KEY", "all_finite", "mark_step_failed",
+           "recreate_failed", "select_rows", "step_failed"]

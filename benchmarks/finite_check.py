@@ -1,0 +1,94 @@
+"""What joining the fault check's small leaves into one reduction saves, same process.
+
+    python benchmarks/finite_check.py [--rounds 5] [--cases ENV:NUM_ENVS ...] [--output PATH]
+
+`check_finite` (on by default) makes every vector step test each sub-env's reward and
+final observation for non-finite values (`jaxrunner.core.faults.all_finite`). Where those
+floating leaves hold at most `CONCATENATED_CHECK_MAX_BYTES` a sub-env together, they are
+checked as one `(B, N)` array per dtype; the other side of this A/B checks them leaf by
+leaf, one reduction each (the check before). Both flag the same sub-envs. For each case
+both runners and the bare PureJaxRL-style scan (`jaxrunner.benchmarking`, JAX's default
+lowering) run in alternating rounds in one process (`jaxrunner.benchmarking.compare`).
+Single-agent: 64x64 MLP, explore, 128 steps a call; multi-agent: `MultiAgentCartPole-v1`
+with 2 agents, one 64x64 MLP each. JSON to `benchmarks/results/finite_check.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from jaxrunner.benchmarking import compare, machine_info  # noqa: E402
+from jaxrunner.core import faults  # noqa: E402
+from separate_resets import NUM_STEPS, runner_and_bare  # noqa: E402
+
+CASES = (("CartPole-v1", 128), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
+         ("CartPole-v1", 16384), ("Pendulum-v1", 1024), ("Pendulum-v1", 4096),
+         ("MultiAgentCartPole-v1", 1024), ("MultiAgentCartPole-v1", 4096))
+
+
+def all_finite_per_leaf(tree: Any) -> jax.Array | None:
+    """The check leaf by leaf: one reduction per floating leaf."""
+    ok = None
+    for leaf in map(jnp.asarray, jax.tree.leaves(tree)):
+        if jnp.issubdtype(leaf.dtype, jnp.floating):
+            leaf_ok = jnp.all(jnp.isfinite(leaf).reshape(leaf.shape[0], -1), axis=-1)
+            ok = leaf_ok if ok is None else ok & leaf_ok
+    return ok
+
+
+def _sides(env_id: str, num_envs: int) -> dict:
+    runner, bare = runner_and_bare(env_id, num_envs)
+    joined = faults.all_finite
+    sides = {"joined": runner()}
+    try:
+        faults.all_finite = all_finite_per_leaf  # read when the chunk is first traced
+        sides["per_leaf"] = runner()
+    finally:
+        faults.all_finite = joined
+    sides["bare_scan"] = bare()
+    return sides
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cases", nargs="*", default=None,
+                        help="ENV:NUM_ENVS entries (default: all)")
+    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
+                                                         "finite_check.json"))
+    args = parser.parse_args()
+    cases = CASES if not args.cases else tuple(
+        (c.split(":")[0], int(c.split(":")[1])) for c in args.cases)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    out = {"benchmark": "finite_check", "commit": commit, "machine": machine_info(),
+           "rounds": args.rounds, "num_steps_per_call": NUM_STEPS,
+           "max_joined_bytes": faults.CONCATENATED_CHECK_MAX_BYTES, "cases": []}
+    for env_id, num_envs in cases:
+        load = os.getloadavg()[0]
+        result = compare(_sides(env_id, num_envs), num_envs * NUM_STEPS, rounds=args.rounds)
+        result.pop("_timings", None)
+        result.update(env=env_id, num_envs=num_envs,
+                      load_avg_1min=[round(load, 2), round(os.getloadavg()[0], 2)])
+        out["cases"].append(result)
+        ratios = result["ratio_to_bare_scan"]
+        print(f"{env_id} {num_envs}: joined {ratios['joined']:.3f}, per leaf "
+              f"{ratios['per_leaf']:.3f} of the bare scan", flush=True)
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
