@@ -16,9 +16,7 @@ with 2 agents, one 64x64 MLP each. JSON to `benchmarks/results/finite_check.json
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 from typing import Any
 
@@ -28,9 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxrunner.benchmarking import compare, machine_info  # noqa: E402
 from jaxrunner.core import faults  # noqa: E402
-from separate_resets import NUM_STEPS, runner_and_bare  # noqa: E402
+from separate_resets import run_cases, runner_and_bare  # noqa: E402
 
 CASES = (("CartPole-v1", 128), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
          ("CartPole-v1", 16384), ("Pendulum-v1", 1024), ("Pendulum-v1", 4096),
@@ -70,25 +67,8 @@ def main() -> None:
     args = parser.parse_args()
     cases = CASES if not args.cases else tuple(
         (c.split(":")[0], int(c.split(":")[1])) for c in args.cases)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    out = {"benchmark": "finite_check", "commit": commit, "machine": machine_info(),
-           "rounds": args.rounds, "num_steps_per_call": NUM_STEPS,
-           "max_joined_bytes": faults.CONCATENATED_CHECK_MAX_BYTES, "cases": []}
-    for env_id, num_envs in cases:
-        load = os.getloadavg()[0]
-        result = compare(_sides(env_id, num_envs), num_envs * NUM_STEPS, rounds=args.rounds)
-        result.pop("_timings", None)
-        result.update(env=env_id, num_envs=num_envs,
-                      load_avg_1min=[round(load, 2), round(os.getloadavg()[0], 2)])
-        out["cases"].append(result)
-        ratios = result["ratio_to_bare_scan"]
-        print(f"{env_id} {num_envs}: joined {ratios['joined']:.3f}, per leaf "
-              f"{ratios['per_leaf']:.3f} of the bare scan", flush=True)
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w") as f:
-            json.dump(out, f, indent=1)
-
+    run_cases("finite_check", cases, _sides, args.rounds, args.output,
+              max_joined_bytes=faults.CONCATENATED_CHECK_MAX_BYTES)
 
 if __name__ == "__main__":
     main()

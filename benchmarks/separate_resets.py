@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -109,24 +110,34 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     cases = CASES if not args.cases else tuple(
         (c.split(":")[0], int(c.split(":")[1])) for c in args.cases)
+    run_cases("separate_resets", cases, _sides, args.rounds, args.output,
+              extra=lambda env_id: {"auto_separates": _auto_separates(env_id)})
+
+
+def run_cases(benchmark: str, cases: tuple, sides: Callable[[str, int], dict], rounds: int,
+              output: str, extra: Callable[[str], dict] = lambda env_id: {},
+              **header: Any) -> dict:
+    """Measures each `(env_id, num_envs)` case's `sides(env_id, num_envs)` in alternating
+    rounds beside `"bare_scan"`, prints the ratios and rewrites the JSON at `output` after
+    every case (with the commit, the machine, `header` and per case `extra(env_id)`)."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    out = {"benchmark": "separate_resets", "commit": commit, "machine": machine_info(),
-           "rounds": args.rounds, "num_steps_per_call": NUM_STEPS, "cases": []}
+    out = {"benchmark": benchmark, "commit": commit, "machine": machine_info(),
+           "rounds": rounds, "num_steps_per_call": NUM_STEPS, **header, "cases": []}
     for env_id, num_envs in cases:
         load = os.getloadavg()[0]
-        result = compare(_sides(env_id, num_envs), num_envs * NUM_STEPS, rounds=args.rounds)
+        result = compare(sides(env_id, num_envs), num_envs * NUM_STEPS, rounds=rounds)
         result.pop("_timings", None)
-        result.update(env=env_id, num_envs=num_envs, auto_separates=_auto_separates(env_id),
+        result.update(env=env_id, num_envs=num_envs, **extra(env_id),
                       load_avg_1min=[round(load, 2), round(os.getloadavg()[0], 2)])
         out["cases"].append(result)
-        ratios = result["ratio_to_bare_scan"]
-        print(f"{env_id} {num_envs}: separate {ratios['separate']:.3f}, fused "
-              f"{ratios['fused']:.3f} of the bare scan", flush=True)
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w") as f:
+        ratios = ", ".join(f"{name} {ratio:.3f}"
+                           for name, ratio in result["ratio_to_bare_scan"].items())
+        print(f"{env_id} {num_envs}: {ratios} of the bare scan", flush=True)
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        with open(output, "w") as f:
             json.dump(out, f, indent=1)
-
+    return out
 
 if __name__ == "__main__":
     main()
