@@ -15,7 +15,6 @@ with 2 agents, one 64x64 MLP each. JSON to `benchmarks/results/finite_check.json
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import Any
@@ -27,7 +26,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from jaxrunner.core import faults  # noqa: E402
-from separate_resets import run_cases, runner_and_bare  # noqa: E402
+from separate_resets import parse_ab_args, run_cases, runner_and_bare  # noqa: E402
 
 CASES = (("CartPole-v1", 128), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
          ("CartPole-v1", 16384), ("Pendulum-v1", 1024), ("Pendulum-v1", 4096),
@@ -58,16 +57,10 @@ def _sides(env_id: str, num_envs: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--cases", nargs="*", default=None,
-                        help="ENV:NUM_ENVS entries (default: all)")
-    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
-                                                         "finite_check.json"))
-    args = parser.parse_args()
-    cases = CASES if not args.cases else tuple(
-        (c.split(":")[0], int(c.split(":")[1])) for c in args.cases)
-    run_cases("finite_check", cases, _sides, args.rounds, args.output,
+    cases, rounds, output = parse_ab_args(
+        __doc__.splitlines()[0], CASES,
+        os.path.join(os.path.dirname(__file__), "results", "finite_check.json"))
+    run_cases("finite_check", cases, _sides, rounds, output,
               max_joined_bytes=faults.CONCATENATED_CHECK_MAX_BYTES)
 
 if __name__ == "__main__":

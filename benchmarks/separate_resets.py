@@ -99,18 +99,25 @@ def _auto_separates(env_id: str) -> bool:
     return reset_spreads_its_draw(fns, jax.random.key(0), params)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_ab_args(description: str, default_cases: tuple, default_output: str
+                  ) -> tuple[tuple, int, str]:
+    """`(cases, rounds, output)` from the command line of an A/B script of this kind."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cases", nargs="*", default=None,
                         help="ENV:NUM_ENVS entries (default: all)")
-    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
-                                                         "separate_resets", "ab.json"))
+    parser.add_argument("--output", default=default_output)
     args = parser.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    cases = CASES if not args.cases else tuple(
+    cases = default_cases if not args.cases else tuple(
         (c.split(":")[0], int(c.split(":")[1])) for c in args.cases)
-    run_cases("separate_resets", cases, _sides, args.rounds, args.output,
+    return cases, args.rounds, args.output
+
+
+def main() -> None:
+    cases, rounds, output = parse_ab_args(
+        __doc__.splitlines()[0], CASES,
+        os.path.join(os.path.dirname(__file__), "results", "separate_resets", "ab.json"))
+    run_cases("separate_resets", cases, _sides, rounds, output,
               extra=lambda env_id: {"auto_separates": _auto_separates(env_id)})
 
 
