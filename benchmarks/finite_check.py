@@ -26,7 +26,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from jaxrunner.core import faults  # noqa: E402
-from separate_resets import parse_ab_args, run_cases, runner_and_bare  # noqa: E402
+from jaxrunner.benchmarking import make_jaxrunner  # noqa: E402
+from separate_resets import (HIDDENS, NUM_STEPS, parse_ab_args, run_cases,  # noqa: E402
+                             runner_and_bare)
 
 CASES = (("CartPole-v1", 128), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
          ("CartPole-v1", 16384), ("Pendulum-v1", 1024), ("Pendulum-v1", 4096),
@@ -52,6 +54,9 @@ def _sides(env_id: str, num_envs: int) -> dict:
         sides["per_leaf"] = runner()
     finally:
         faults.all_finite = joined
+    if not env_id.startswith("MultiAgent"):  # what the check costs at all
+        sides["check_off"] = make_jaxrunner(env_id, num_envs, NUM_STEPS, HIDDENS, False,
+                                            check_finite=False)[0]
     sides["bare_scan"] = bare()
     return sides
 

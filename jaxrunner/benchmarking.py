@@ -155,13 +155,15 @@ def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[in
 
 
 def make_jaxrunner(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
-                   random_actions: bool, seed: int = 0, **env_runner_kwargs: Any
-                   ) -> tuple[Callable[[], None], float]:
+                   random_actions: bool, seed: int = 0, check_finite: bool = True,
+                   **env_runner_kwargs: Any) -> tuple[Callable[[], None], float]:
     """A runner sampling `num_envs * num_steps` env steps per call; returns `(run, compile_s)`
-    where `compile_s` is the wall time of the first `sample()` (compilation included)."""
+    where `compile_s` is the wall time of the first `sample()` (compilation included).
+    `check_finite`: the runner's fault check (`fault_tolerance(check_finite=...)`)."""
     config = (RunnerConfig().environment(env_id)
               .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=num_steps,
                            **env_runner_kwargs)
+              .fault_tolerance(check_finite=check_finite)
               .rl_module(model_config={"fcnet_hiddens": list(hiddens)})
               .debugging(seed=seed))
     runner = SingleAgentEnvRunner(config=config)
