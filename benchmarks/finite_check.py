@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxrunner.core import faults  # noqa: E402
 from jaxrunner.benchmarking import make_jaxrunner  # noqa: E402
+from jaxrunner.core import faults  # noqa: E402
 from separate_resets import (HIDDENS, NUM_STEPS, parse_ab_args, run_cases,  # noqa: E402
                              runner_and_bare)
 
@@ -67,6 +67,7 @@ def main() -> None:
         os.path.join(os.path.dirname(__file__), "results", "finite_check.json"))
     run_cases("finite_check", cases, _sides, rounds, output,
               max_joined_bytes=faults.CONCATENATED_CHECK_MAX_BYTES)
+
 
 if __name__ == "__main__":
     main()

@@ -25,9 +25,10 @@ def mark_step_failed(info: dict, failed: Any = True) -> dict:
 # Floating leaves holding at most this many bytes a sub-env together are checked as one
 # `(B, N)` array per dtype (one reduction over their concatenation) instead of one
 # reduction per leaf. At 4096 sub-envs on the 2-core CPU (same process, alternating
-# rounds) Pendulum's runner read 0.91 of the bare scan checked this way against 0.81 per
-# leaf (0.89 with no check at all) and CartPole 1.00 against 0.97; Breakout-MinAtar's
-# 1,600-byte observation lost (0.78 against 0.95): the concatenation copies it every step.
+# rounds; `benchmarks/finite_check.py`) Pendulum's runner read 0.87 of the bare scan
+# checked this way against 0.77 per leaf and 0.92 with no check; CartPole 0.98 / 0.97 /
+# 0.98. Joined, Breakout-MinAtar's 1,600-byte observation lost (0.78 against 0.95 in a
+# one-off run): the concatenation copies it every step.
 CONCATENATED_CHECK_MAX_BYTES = 256
 
 
