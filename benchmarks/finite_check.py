@@ -19,16 +19,15 @@ import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_process_ab
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from same_process_ab import (HIDDENS, NUM_STEPS, parse_ab_args, run_cases,  # noqa: E402
+                             runner_and_bare)
 
 from jaxrunner.benchmarking import make_jaxrunner  # noqa: E402
 from jaxrunner.core import faults  # noqa: E402
-from separate_resets import (HIDDENS, NUM_STEPS, parse_ab_args, run_cases,  # noqa: E402
-                             runner_and_bare)
 
 CASES = (("CartPole-v1", 128), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
          ("CartPole-v1", 16384), ("Pendulum-v1", 1024), ("Pendulum-v1", 4096),
