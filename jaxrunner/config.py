@@ -291,6 +291,10 @@ _BUILDERS: dict[str, tuple[str, tuple]] = {
          "observations are stored, not every step's); 'auto': ceil(chunk length / 8) + 1 "
          "(chunks of at most 16 steps: every step). A chunk with more ends stops early "
          "and the next one continues (jaxrunner)."),
+        ("steps_per_loop_check", "auto", _scalar("int", 1, auto_ok=True),
+         "vector steps a compiled chunk takes between two tests of its stop condition (on "
+         "a GPU each test waits for a device-to-host copy); 'auto': 1 on CPU, 16 on other "
+         "devices. Every value samples the same steps (jaxrunner)."),
         ("shard_envs_across_devices", True, _BOOL, "split the sub-envs over the local devices "
          "with `jax.sharding` (if their count divides num_envs) (jaxrunner)."),
     )),

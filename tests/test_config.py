@@ -330,6 +330,7 @@ DOCUMENTED_DEFAULTS = {
     "shard_envs_across_devices": True,
     "partial_reset_ratio": 16,
     "final_obs_slots_per_env": "auto",
+    "steps_per_loop_check": "auto",
     "record_action_dist_inputs": True,
     "check_finite": True,
     "num_consecutive_sub_env_failures_tolerance": 100,

@@ -70,30 +70,45 @@ SEPARATE_RESETS: bool | str = "auto"
 
 
 def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
-               keep_going: Callable[[jax.Array, Any], jax.Array]) -> tuple:
+               keep_going: Callable[[jax.Array, Any, int], jax.Array],
+               steps_per_check: int = 1) -> tuple:
     """A `lax.scan` of `step: state -> (state, record)` over at most `length` steps that
-    stops before the first step where `keep_going(t, state)` is False.
+    stops before the first step where `keep_going(t, state, 1)` is False.
 
     A `while_loop` writing each record into preallocated `(length, ...)` buffers: no
     per-step `cond` (whose branch copies and extra kernels cost more than the step itself
     for small batches) and no work for the steps not taken, whose records stay zeros.
     `record_shape` is the record pytree of `jax.ShapeDtypeStruct`s. Returns
-    `(steps_taken, state, records)`."""
+    `(steps_taken, state, records)`.
+
+    `keep_going(t, state, n)` says whether the `n` steps from step `t` on would all be
+    taken (for `n = 1`: whether step `t` is). With `steps_per_check = K > 1` the loop
+    first takes blocks of `K` steps, each an inner loop of fixed length, while
+    `keep_going(t, state, K)` holds, then single steps as above: the same steps, records
+    and state, with one loop test per block instead of per step. On a GPU each loop test
+    is a device-to-host copy of the predicate and a wait for it; a fixed-length inner loop
+    needs none. The step is traced twice then (compile time), so CPU rollouts keep
+    `K = 1`."""
     buffers = jax.tree.map(lambda s: jnp.zeros((length,) + tuple(s.shape), s.dtype),
                            record_shape)
 
-    def cond(loop):
-        t, state, _ = loop
-        return (t < length) & keep_going(t, state)
-
-    def body(loop):
+    def one(loop):
         t, state, out = loop
         state, record = step(state)
         out = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, t, 0),
                            out, record)
         return t + 1, state, out
 
-    return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, buffers))
+    loop = (jnp.zeros((), jnp.int32), state, buffers)
+    if steps_per_check > 1 and length >= steps_per_check:
+        def block(loop):
+            return jax.lax.fori_loop(0, steps_per_check, lambda _, inner: one(inner), loop)
+
+        loop = jax.lax.while_loop(
+            lambda loop: (loop[0] + steps_per_check <= length)
+            & keep_going(loop[0], loop[1], steps_per_check), block, loop)
+    return jax.lax.while_loop(lambda loop: (loop[0] < length) & keep_going(loop[0], loop[1], 1),
+                              one, loop)
 
 
 def strong_types(tree: Any) -> Any:
@@ -317,11 +332,13 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             return (c, episodes_done, agent_steps_done, rows), ((out, values) if values_per_step
                                                                 else out)
 
-        def keep_going(t, loop):
+        def keep_going(t, loop, n):
+            """Whether the `n` steps from `t` on are all taken: a step ends at most one
+            episode a sub-env and writes at most `B` store rows."""
             _, episodes_done, agent_steps_done, rows = loop
-            go = (t < num_steps) & (episodes_done < episodes_limit)
+            go = (t + n <= num_steps) & (episodes_done + (n - 1) * num_envs < episodes_limit)
             if store is not None:
-                go = go & store.room(rows)
+                go = go & store.room(rows, n)
             return go & (agent_steps_done < agent_steps_limit) if counts_agents else go
 
         zero = jnp.zeros((), jnp.int32)
@@ -333,7 +350,9 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         if values_per_step:
             buffers_shape = (buffers_shape, values_shape)
         steps_taken, (carry, _, agent_steps_done, rows), records = scan_while(
-            step, (carry, zero, zero, rows), buffers_shape, spec.chunk_len, keep_going)
+            step, (carry, zero, zero, rows), buffers_shape, spec.chunk_len, keep_going,
+            # Agent steps a vector step completes have no small bound: per step then.
+            1 if counts_agents else getattr(spec, "steps_per_loop_check", 1))
         callback_values = None
         if values_in_store:
             callback_values = store.end_rows(rows)

@@ -108,9 +108,9 @@ class FinalObsWriter:
             extra=None if extra_shape is None else jax.tree.map(zeros(self.slots),
                                                                 extra_shape))
 
-    def room(self, state: StoreState) -> jax.Array:
-        """() bool: the next step's episode ends fit whatever they are."""
-        return state.count <= self.slots - self.num_envs
+    def room(self, state: StoreState, steps: int = 1) -> jax.Array:
+        """() bool: the next `steps` steps' episode ends fit whatever they are."""
+        return state.count <= self.slots - steps * self.num_envs
 
     def write(self, state: StoreState, ended: jax.Array, final_obs: Any,
               extra: Any = None) -> StoreState:

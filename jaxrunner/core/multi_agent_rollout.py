@@ -201,6 +201,9 @@ class MultiAgentRolloutSpec:
     partial_reset_ratio: int = 16  # "partial": ceil(B / ratio) resets computed per step
     restart_failed_sub_environments: bool = False  # recreate failed sub-envs in the scan
     callbacks: Any = None  # core.callbacks.DeviceCallbacks, or None (none traced)
+    # Vector steps a chunk takes between two tests of its loop condition (1 on CPU; on
+    # GPU each test waits for the device); see `jaxrunner.core.chunk.scan_while`.
+    steps_per_loop_check: int = 1
 
     @property
     def agent_ids(self) -> tuple[str, ...]:

@@ -81,6 +81,9 @@ class RolloutSpec:
     # Record the module's `action_dist_inputs` (B, D) float32 per step (an extra model
     # output RLlib learners read; jaxrunner's PPO does not).
     record_action_dist_inputs: bool = True
+    # Vector steps a chunk takes between two tests of its loop condition (1 on CPU; on
+    # GPU each test waits for the device); see `jaxrunner.core.chunk.scan_while`.
+    steps_per_loop_check: int = 1
 
 
 def sample_action_space(space: gym.spaces.Space, key: jax.Array, batch: int) -> jax.Array:
@@ -237,8 +240,8 @@ class _FinalObsRows:
     def end_rows(self, state):
         return self.writer.end_rows(state)
 
-    def room(self, state):
-        return self.writer.room(state)
+    def room(self, state, steps: int = 1):
+        return self.writer.room(state, steps)
 
     def finish(self, state, traj: Trajectory, carry: RolloutCarry) -> Trajectory:
         last = jnp.maximum(state.t - 1, 0)

@@ -62,6 +62,9 @@ CONNECTOR_COMPONENTS = (COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_E
 # An agent_steps-mode sample() gives up after this many vector steps without any agent
 # step completing (an env whose agents never get an observation nor finish).
 MAX_IDLE_VECTOR_STEPS = 100_000
+# `steps_per_loop_check="auto"` off CPU: a chunk tests its stop condition every this many
+# vector steps (see `jaxrunner.core.chunk.scan_while`).
+ACCELERATOR_STEPS_PER_LOOP_CHECK = 16
 
 # Vector steps of the call before the next chunk, summed on the device (no host sync).
 _add_steps = jax.jit(lambda offset, steps: (offset + steps).astype(jnp.int32))
@@ -295,6 +298,17 @@ class CompiledEnvRunner(EnvRunner):
     def _chunk_len(self) -> int:
         fragment = self.config.get_rollout_fragment_length(self.worker_index or 0)
         return max(1, min(fragment, self.config.max_chunk_length))
+
+    def _steps_per_loop_check(self) -> int:
+        """`config.steps_per_loop_check`, "auto" resolved for the device the runner's
+        arrays live on: 1 on CPU (a loop test costs nothing there, a second traced step
+        costs compile time), `ACCELERATOR_STEPS_PER_LOOP_CHECK` elsewhere."""
+        value = self.config.steps_per_loop_check
+        if value == "auto":
+            device = jax.config.jax_default_device or jax.local_devices()[0]
+            platform = device if isinstance(device, str) else device.platform
+            value = 1 if platform == "cpu" else ACCELERATOR_STEPS_PER_LOOP_CHECK
+        return max(1, min(int(value), self._chunk_len()))
 
     @property
     def sampler(self) -> "Sampler":

@@ -441,7 +441,7 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
             check_finite=cfg.check_finite, autoreset_mode=cfg.autoreset_mode,
             partial_reset_ratio=cfg.partial_reset_ratio,
             restart_failed_sub_environments=cfg.restart_failed_sub_environments,
-            callbacks=self._device_callbacks)
+            callbacks=self._device_callbacks, steps_per_loop_check=self._steps_per_loop_check())
 
     def _rollout_fns(self, mode: str):
         return make_multi_agent_rollout_fns(self._spec(), mode)

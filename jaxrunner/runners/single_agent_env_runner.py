@@ -232,6 +232,7 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
             callbacks=self._device_callbacks,
             final_obs_slots_per_env=self.config.final_obs_slots_per_env,
             record_action_dist_inputs=self.config.record_action_dist_inputs,
+            steps_per_loop_check=self._steps_per_loop_check(),
         )
         return make_rollout_fns(spec, mode)
 
