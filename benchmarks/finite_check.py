@@ -1,13 +1,16 @@
-"""What joining the fault check's small leaves into one reduction saves, same process.
+"""How the fault check's small leaves are tested, and what that costs, same process.
 
     python benchmarks/finite_check.py [--rounds 5] [--cases ENV:NUM_ENVS ...] [--output PATH]
 
 `check_finite` (on by default) makes every vector step test each sub-env's reward and
 final observation for non-finite values (`jaxrunner.core.faults.all_finite`). Where those
 floating leaves hold at most `CONCATENATED_CHECK_MAX_BYTES` a sub-env together, they are
-checked as one `(B, N)` array per dtype; the other side of this A/B checks them leaf by
-leaf, one reduction each (the check before). Both flag the same sub-envs. For each case
-both runners and the bare PureJaxRL-style scan (`jaxrunner.benchmarking`, JAX's default
+checked column by column, elementwise (`faults.SMALL_LEAVES_CHECK = "columns"`, the
+default off CPU), or as one `(B, N)` array per dtype with one reduction ("joined", the
+default on CPU); the
+"per_leaf" side checks them leaf by leaf, one reduction each (the check before either),
+"check_off" not at all. All flag the same sub-envs. For each case the runners and the
+bare PureJaxRL-style scan (`jaxrunner.benchmarking`, JAX's default
 lowering) run in alternating rounds in one process (`jaxrunner.benchmarking.compare`).
 Single-agent: 64x64 MLP, explore, 128 steps a call; multi-agent: `MultiAgentCartPole-v1`
 with 2 agents, one 64x64 MLP each. JSON to `benchmarks/results/finite_check.json`.
@@ -46,13 +49,16 @@ def all_finite_per_leaf(tree: Any) -> jax.Array | None:
 
 def _sides(env_id: str, num_envs: int) -> dict:
     runner, bare = runner_and_bare(env_id, num_envs)
-    joined = faults.all_finite
-    sides = {"joined": runner()}
-    try:
-        faults.all_finite = all_finite_per_leaf  # read when the chunk is first traced
+    default, layout = faults.all_finite, faults.SMALL_LEAVES_CHECK
+    sides = {}
+    try:  # both are read when a chunk is first traced
+        for layout_name in ("columns", "joined"):
+            faults.SMALL_LEAVES_CHECK = layout_name
+            sides[layout_name] = runner()
+        faults.all_finite = all_finite_per_leaf
         sides["per_leaf"] = runner()
     finally:
-        faults.all_finite = joined
+        faults.all_finite, faults.SMALL_LEAVES_CHECK = default, layout
     if not env_id.startswith("MultiAgent"):  # what the check costs at all
         sides["check_off"] = make_jaxrunner(env_id, num_envs, NUM_STEPS, HIDDENS, False,
                                             check_finite=False)[0]

@@ -182,13 +182,19 @@ def test_mark_step_failed_helper_sets_the_documented_key():
     assert info["x"] == 1
 
 
+@pytest.mark.parametrize("small_leaves_check", ["columns", "joined", "auto"])
 @pytest.mark.parametrize("layout", ["small", "large", "mixed_dtypes"])
-def test_all_finite__each_sub_env_flagged_exactly_whether_leaves_are_joined_or_not(layout):
-    """`all_finite` joins small floating leaves into one reduction per dtype and checks
-    large ones leaf by leaf; either way a sub-env is finite iff every floating value of
-    its entries is (integer leaves ignored), and no cast can turn a finite value into an
-    infinite one (a float16 leaf next to float32 ones stays float16)."""
+def test_all_finite__each_sub_env_flagged_exactly_whether_leaves_are_joined_or_not(
+        layout, small_leaves_check, monkeypatch):
+    """`all_finite` checks small floating leaves column by column (or joined into one
+    reduction per dtype) and large ones leaf by leaf; either way a sub-env is finite iff
+    every floating value of its entries is (integer leaves ignored), and no cast can turn
+    a finite value into an infinite one (a float16 leaf next to float32 ones stays
+    float16)."""
+    from jaxrunner.core import faults
     from jaxrunner.core.faults import CONCATENATED_CHECK_MAX_BYTES, all_finite
+
+    monkeypatch.setattr(faults, "SMALL_LEAVES_CHECK", small_leaves_check)
 
     num_envs = 6
     obs_shape = {"small": (3,), "large": (CONCATENATED_CHECK_MAX_BYTES,),

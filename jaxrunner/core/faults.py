@@ -9,6 +9,7 @@ failed episode (for every agent) and the chunk counts it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -30,6 +31,24 @@ def mark_step_failed(info: dict, failed: Any = True) -> dict:
 # 0.98. Joined, Breakout-MinAtar's 1,600-byte observation lost (0.78 against 0.95 in a
 # one-off run): the concatenation copies it every step.
 CONCATENATED_CHECK_MAX_BYTES = 256
+# How the small leaves (above) are checked: "joined" concatenates them and reduces once;
+# "columns" tests each of their `N` columns elementwise and ands the `(B,)` results (no
+# concatenation, no reduction: it fuses into the env step's own elementwise kernel);
+# "auto" (read when a chunk is traced) takes "joined" when JAX's default backend is the
+# CPU and "columns" on any other. On an H200 (CartPole, random actions, 1M sub-envs,
+# same process; `benchmarks/results/gpu/ablations.json`) the runner read 0.82 of the
+# bare scan by columns against 0.54 joined: there the joined check made the env step's
+# kernel a reduction 2.5x as slow (`benchmarks/results/gpu/profile_before.json`). On the
+# 2-core CPU at 4096 sub-envs (`benchmarks/results/finite_check_columns.json`) joined read
+# 1.23 / 0.96 / 0.93 (CartPole / Pendulum / multi-agent CartPole) against 1.10 / 0.90 /
+# 0.90 by columns.
+SMALL_LEAVES_CHECK = "auto"
+
+
+def _small_leaves_check() -> str:
+    if SMALL_LEAVES_CHECK != "auto":
+        return SMALL_LEAVES_CHECK
+    return "joined" if jax.default_backend() == "cpu" else "columns"
 
 
 def all_finite(tree: Any) -> jax.Array | None:
@@ -40,6 +59,9 @@ def all_finite(tree: Any) -> jax.Array | None:
     if not rows:
         return None
     if sum(r.shape[1] * r.dtype.itemsize for r in rows) <= CONCATENATED_CHECK_MAX_BYTES:
+        if _small_leaves_check() == "columns":
+            return functools.reduce(jnp.logical_and, [jnp.isfinite(r[:, j]) for r in rows
+                                                      for j in range(r.shape[1])])
         by_dtype: dict[Any, list[jax.Array]] = {}
         for r in rows:  # one array per dtype: no cast can turn a finite value infinite
             by_dtype.setdefault(r.dtype, []).append(r)
