@@ -14,18 +14,21 @@ from test_import_without_ray import _NO_RAY
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
 
 
-def test_gpu_script__runs_without_ray_at_tiny_size(tmp_path):
-    output = tmp_path / "gpu.json"
+def _run_script(output: pathlib.Path, *args: str) -> dict:
     code = _NO_RAY + (
         "import runpy, sys\n"
-        f"sys.argv = [{str(SCRIPT)!r}, '--allow-cpu', '--num-envs', '4', '--num-steps', '4',"
-        f" '--rounds', '1', '--output', {str(output)!r}]\n"
+        f"sys.argv = [{str(SCRIPT)!r}, '--allow-cpu', '--num-steps', '4', '--rounds', '1',"
+        f" '--output', {str(output)!r}, *{list(args)!r}]\n"
         f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu",
                                               "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(output.read_text())
+    return json.loads(output.read_text())
+
+
+def test_gpu_script__runs_without_ray_at_tiny_size(tmp_path):
+    data = _run_script(tmp_path / "gpu.json", "--num-envs", "4")
     assert data["backend"] == "cpu" and data["ray_imported"] is False
     assert len(data["load_avg"]) == 3
     assert [(c["num_envs"], c["random_actions"]) for c in data["cases"]] == [(4, True),
@@ -35,4 +38,37 @@ def test_gpu_script__runs_without_ray_at_tiny_size(tmp_path):
         assert set(case["steps_per_s"]) == {"jaxrunner", "jaxrunner_partial_reset",
                                             "bare_scan"}
         assert all(v > 0 for v in case["steps_per_s"].values())
-        assert set(case["first_sample_s"]) == {"jaxrunner", "jaxrunner_partial_reset"}
+        assert set(case["first_sample_s"]) == {"jaxrunner", "jaxrunner_partial_reset",
+                                               "bare_scan"}
+
+
+def test_gpu_script__time_budget_skips_the_cases_left_and_still_writes_json(tmp_path):
+    data = _run_script(tmp_path / "gpu.json", "--num-envs", "4", "8", "--time-budget", "0",
+                       "--order", "largest-first")
+    assert data["cases"] == [
+        {"num_envs": n, "random_actions": r, "skipped": "time budget spent"}
+        for r, n in ((True, 4), (True, 8), (False, 4), (False, 8))]
+    assert data["elapsed_s"] >= 0
+
+
+def test_gpu_profile_script__summarises_kernels_per_side_without_ray(tmp_path):
+    """`benchmarks/gpu_profile.py` at tiny size on the CPU: each side's profile has its
+    call time, event count and top events (host XLA ops here; GPU kernels on a GPU)."""
+    script = SCRIPT.with_name("gpu_profile.py")
+    output = tmp_path / "profile.json"
+    code = _NO_RAY + (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(script)!r}, '--num-envs', '4', '--num-steps', '4', '--output',"
+        f" {str(output)!r}, '--trace-dir', {str(tmp_path / 'traces')!r}]\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                              "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    case, = json.loads(output.read_text())["cases"]
+    assert case["num_envs"] == 4
+    for side in ("jaxrunner", "jaxrunner_no_finite_check", "bare_scan"):
+        profile = case[side]
+        assert profile["wall_us_per_call_traced"] > 0 and profile["kernels_per_call"] > 0
+        assert profile["top_kernels"] and all(k["us_per_call"] >= 0
+                                              for k in profile["top_kernels"])
