@@ -153,3 +153,16 @@ def test_one_key_over_many_counts__keeps_jax_loop_and_values():
     for got, want in zip(lowering.jit(splits)(jax.random.key(3)),
                          jax.jit(splits)(jax.random.key(3))):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_unrolled_hash__only_with_the_jaxlib_releases_it_was_checked_with():
+    """jaxlib 0.11's XLA:CPU did not finish compiling the unrolled hash (see the
+    `jaxrunner.lowering` docstring): newer releases keep JAX's own lowering."""
+    import jaxlib.version
+
+    assert lowering.unrolled_threefry_supported("0.10.2")
+    assert lowering.unrolled_threefry_supported("0.6.0")
+    assert not lowering.unrolled_threefry_supported("0.11.2")
+    assert not lowering.unrolled_threefry_supported("1.0.0")
+    assert lowering.UNROLLED_THREEFRY_AVAILABLE == lowering.unrolled_threefry_supported(
+        jaxlib.version.__version__)
