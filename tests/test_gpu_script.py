@@ -14,12 +14,15 @@ from test_import_without_ray import _NO_RAY
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
 
 
-def _run_script(output: pathlib.Path, *args: str) -> dict:
+def _run_script(output: pathlib.Path, *args: str, script: pathlib.Path = SCRIPT) -> dict:
+    """Runs `script` on the CPU with every `import ray` failing; its JSON output."""
+    if script == SCRIPT:
+        args = ("--allow-cpu", "--rounds", "1") + args
     code = _NO_RAY + (
         "import runpy, sys\n"
-        f"sys.argv = [{str(SCRIPT)!r}, '--allow-cpu', '--num-steps', '4', '--rounds', '1',"
-        f" '--output', {str(output)!r}, *{list(args)!r}]\n"
-        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n")
+        f"sys.argv = [{str(script)!r}, '--num-steps', '4', '--output', {str(output)!r},"
+        f" *{list(args)!r}]\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu",
                                               "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"})
@@ -54,18 +57,9 @@ def test_gpu_script__time_budget_skips_the_cases_left_and_still_writes_json(tmp_
 def test_gpu_profile_script__summarises_kernels_per_side_without_ray(tmp_path):
     """`benchmarks/gpu_profile.py` at tiny size on the CPU: each side's profile has its
     call time, event count and top events (host XLA ops here; GPU kernels on a GPU)."""
-    script = SCRIPT.with_name("gpu_profile.py")
-    output = tmp_path / "profile.json"
-    code = _NO_RAY + (
-        "import runpy, sys\n"
-        f"sys.argv = [{str(script)!r}, '--num-envs', '4', '--num-steps', '4', '--output',"
-        f" {str(output)!r}, '--trace-dir', {str(tmp_path / 'traces')!r}]\n"
-        f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu",
-                                              "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    case, = json.loads(output.read_text())["cases"]
+    data = _run_script(tmp_path / "profile.json", "--num-envs", "4", "--trace-dir",
+                       str(tmp_path / "traces"), script=SCRIPT.with_name("gpu_profile.py"))
+    case, = data["cases"]
     assert case["num_envs"] == 4
     for side in ("jaxrunner", "jaxrunner_no_finite_check", "bare_scan"):
         profile = case[side]

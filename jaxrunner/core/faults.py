@@ -35,7 +35,8 @@ CONCATENATED_CHECK_MAX_BYTES = 256
 # "columns" tests each of their `N` columns elementwise and ands the `(B,)` results (no
 # concatenation, no reduction: it fuses into the env step's own elementwise kernel);
 # "auto" (read when a chunk is traced) takes "joined" when JAX's default backend is the
-# CPU and "columns" on any other. On an H200 (CartPole, random actions, 1M sub-envs,
+# CPU and "columns" on any other (the default backend, not the runner's device: a runner
+# placed on the CPU of a GPU host gets the column check, with the same flags). On an H200 (CartPole, random actions, 1M sub-envs,
 # same process; `benchmarks/results/gpu/ablations.json`) the runner read 0.82 of the
 # bare scan by columns against 0.54 joined: there the joined check made the env step's
 # kernel a reduction 2.5x as slow (`benchmarks/results/gpu/profile_before.json`). On the
