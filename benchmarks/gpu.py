@@ -62,7 +62,7 @@ def main() -> None:
            "num_steps_per_call": args.num_steps, "rounds": args.rounds,
            "steps_per_loop_check_auto": (1 if jax.default_backend() == "cpu"
                                          else ACCELERATOR_STEPS_PER_LOOP_CHECK),
-           "small_leaves_check": faults._small_leaves_check(),
+           "small_leaves_check": faults.small_leaves_check(),
            "ray_imported": "ray" in sys.modules, "cases": []}
     sizes = sorted(args.num_envs, reverse=args.order == "largest-first")
     for num_envs in sizes:

@@ -195,6 +195,8 @@ def test_all_finite__each_sub_env_flagged_exactly_whether_leaves_are_joined_or_n
     from jaxrunner.core.faults import CONCATENATED_CHECK_MAX_BYTES, all_finite
 
     monkeypatch.setattr(faults, "SMALL_LEAVES_CHECK", small_leaves_check)
+    assert faults.small_leaves_check() == {"auto": "joined"}.get(small_leaves_check,
+                                                                 small_leaves_check)
 
     num_envs = 6
     obs_shape = {"small": (3,), "large": (CONCATENATED_CHECK_MAX_BYTES,),

@@ -46,7 +46,9 @@ CONCATENATED_CHECK_MAX_BYTES = 256
 SMALL_LEAVES_CHECK = "auto"
 
 
-def _small_leaves_check() -> str:
+def small_leaves_check() -> str:
+    """The small leaves' check this process traces: `SMALL_LEAVES_CHECK` with "auto"
+    resolved ("joined" or "columns")."""
     if SMALL_LEAVES_CHECK != "auto":
         return SMALL_LEAVES_CHECK
     return "joined" if jax.default_backend() == "cpu" else "columns"
@@ -60,7 +62,7 @@ def all_finite(tree: Any) -> jax.Array | None:
     if not rows:
         return None
     if sum(r.shape[1] * r.dtype.itemsize for r in rows) <= CONCATENATED_CHECK_MAX_BYTES:
-        if _small_leaves_check() == "columns":
+        if small_leaves_check() == "columns":
             return functools.reduce(jnp.logical_and, [jnp.isfinite(r[:, j]) for r in rows
                                                       for j in range(r.shape[1])])
         by_dtype: dict[Any, list[jax.Array]] = {}
@@ -110,5 +112,6 @@ def recreate_failed(failed: jax.Array, env_state: Any, obs: Any, key: jax.Array,
     return jax.lax.cond(jnp.any(failed), recreate, lambda args: args, (env_state, obs, key))
 
 
-__all__ = ["CONCATENATED_CHECK_MAX_BYTES", "FAILURE_INFO_KEY", "all_finite", "mark_step_failed",
-           "recreate_failed", "select_rows", "step_failed"]
+__all__ = ["CONCATENATED_CHECK_MAX_BYTES", "FAILURE_INFO_KEY", "SMALL_LEAVES_CHECK", "all_finite",
+           "mark_step_failed", "recreate_failed", "select_rows", "small_leaves_check",
+           "step_failed"]
