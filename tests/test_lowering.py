@@ -43,6 +43,15 @@ def _threefry_loops(compiled_text: str) -> list[str]:
             or "_normal" in name]
 
 
+# Tests of the unrolled lowering itself: with a jaxlib newer than the releases it was
+# checked with it is off by design (see `jaxrunner.lowering`), and these do not apply.
+# The CI's jaxlib (0.10) runs them; `test_unrolled_hash__only_with_the_jaxlib_releases_it_
+# was_checked_with` pins which jaxlib gets which.
+needs_unrolled = pytest.mark.skipif(
+    not lowering.UNROLLED_THREEFRY_AVAILABLE,
+    reason="this jaxlib keeps JAX's own Threefry lowering (jaxrunner.lowering)")
+
+
 def test_unrolled_hash__equals_jax_threefry_2x32_on_random_words():
     words = np.random.default_rng(0).integers(0, 2**32, size=(6, 33), dtype=np.uint32)
     key = jnp.asarray(words[:2, 0])
@@ -57,8 +66,8 @@ def test_unrolled_hash__equals_jax_threefry_2x32_on_random_words():
         np.testing.assert_array_equal(np.asarray([got[0][i], got[1][i]]), np.asarray(one))
 
 
+@needs_unrolled
 def test_jit__same_random_values_as_jax_default_without_a_loop():
-    assert lowering.UNROLLED_THREEFRY_AVAILABLE
     unrolled, default = lowering.jit(_random_program()), jax.jit(_random_program())
     key = jax.random.key(0)
     assert _threefry_loops(unrolled.lower(key).compile().as_text()) == []
@@ -69,6 +78,7 @@ def test_jit__same_random_values_as_jax_default_without_a_loop():
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@needs_unrolled
 def test_context__restores_jax_lowering_after_nesting_errors_and_threads():
     with lowering.unrolled_threefry():
         with lowering.unrolled_threefry():
@@ -93,6 +103,7 @@ def test_context__restores_jax_lowering_after_nesting_errors_and_threads():
     assert _threefry_loops(after), "JAX's default lowering was not restored"
 
 
+@needs_unrolled
 def test_runner_programs__compiled_with_the_unrolled_hash():
     config = (jaxrunner.RunnerConfig().environment("CartPole-v1")
               .env_runners(num_envs_per_env_runner=4, rollout_fragment_length=8)
@@ -136,6 +147,7 @@ def test_large_rollouts__compile_with_jax_own_lowering(base_config):
     assert not isinstance(large.jitted("random")["chunk"], lowering.UnrolledRngJit)
 
 
+@needs_unrolled
 def test_one_key_over_many_counts__keeps_jax_loop_and_values():
     """The split of one key into many keys stays JAX's loop (unrolled, XLA recomputes it
     in every per-key hash consuming its keys); short splits and per-key draws unroll."""
