@@ -29,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 from same_process_ab import (HIDDENS, NUM_STEPS, parse_ab_args, run_cases,  # noqa: E402
                              runner_and_bare)
 
-from jaxrunner.benchmarking import make_jaxrunner  # noqa: E402
+from jaxrunner.benchmarking import make_jaxrunner, switched  # noqa: E402
 from jaxrunner.core import faults  # noqa: E402
 
 CASES = (("CartPole-v1", 128), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
@@ -49,16 +49,12 @@ def all_finite_per_leaf(tree: Any) -> jax.Array | None:
 
 def _sides(env_id: str, num_envs: int) -> dict:
     runner, bare = runner_and_bare(env_id, num_envs)
-    default, layout = faults.all_finite, faults.SMALL_LEAVES_CHECK
     sides = {}
-    try:  # both are read when a chunk is first traced
-        for layout_name in ("columns", "joined"):
-            faults.SMALL_LEAVES_CHECK = layout_name
-            sides[layout_name] = runner()
-        faults.all_finite = all_finite_per_leaf
+    for layout in ("columns", "joined"):  # both read when a chunk is first traced
+        with switched(faults, "SMALL_LEAVES_CHECK", layout):
+            sides[layout] = runner()
+    with switched(faults, "all_finite", all_finite_per_leaf):
         sides["per_leaf"] = runner()
-    finally:
-        faults.all_finite, faults.SMALL_LEAVES_CHECK = default, layout
     if not env_id.startswith("MultiAgent"):  # what the check costs at all
         sides["check_off"] = make_jaxrunner(env_id, num_envs, NUM_STEPS, HIDDENS, False,
                                             check_finite=False)[0]

@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 
-from jaxrunner.benchmarking import compare, machine_info, make_bare_scan, make_jaxrunner  # noqa: E402
+from jaxrunner.benchmarking import (compare, machine_info, make_bare_scan,  # noqa: E402
+                                    make_jaxrunner, switched)
 from jaxrunner.core import faults  # noqa: E402
 from jaxrunner.runners.compiled_runner import ACCELERATOR_STEPS_PER_LOOP_CHECK  # noqa: E402
 
@@ -98,13 +99,10 @@ def _measure(num_envs: int, random_actions: bool, args) -> dict:
         for name, kwargs in variants.items():
             kwargs = dict(kwargs)
             layout = kwargs.pop("small_leaves_check", faults.SMALL_LEAVES_CHECK)
-            default_layout, faults.SMALL_LEAVES_CHECK = faults.SMALL_LEAVES_CHECK, layout
-            try:  # read when the runner's chunk is traced, in its first sample()
+            with switched(faults, "SMALL_LEAVES_CHECK", layout):  # read at the first sample
                 sides[name], first_call[name] = make_jaxrunner(
                     "CartPole-v1", num_envs, args.num_steps, (64, 64), random_actions,
                     **kwargs)
-            finally:
-                faults.SMALL_LEAVES_CHECK = default_layout
         start = time.perf_counter()
         sides["bare_scan"] = make_bare_scan("CartPole-v1", num_envs, args.num_steps, (64, 64),
                                             random_actions)

@@ -24,6 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_process_ab
 
 from same_process_ab import parse_ab_args, run_cases, runner_and_bare  # noqa: E402
+from jaxrunner.benchmarking import switched  # noqa: E402
 from jaxrunner.core import chunk  # noqa: E402
 
 CASES = (("CartPole-v1", 64), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
@@ -36,12 +37,9 @@ def _sides(env_id: str, num_envs: int) -> dict:
     """`{"separate": run, "fused": run, "bare_scan": run}`, each `run()` one call."""
     runner, bare = runner_and_bare(env_id, num_envs)
     sides = {}
-    try:
-        for name, flag in (("fused", False), ("separate", True)):
-            chunk.SEPARATE_RESETS = flag  # read when the runner's chunk is first traced
+    for name, flag in (("fused", False), ("separate", True)):
+        with switched(chunk, "SEPARATE_RESETS", flag):  # read when the chunk is first traced
             sides[name] = runner()
-    finally:
-        chunk.SEPARATE_RESETS = "auto"
     sides["bare_scan"] = bare()
     return sides
 

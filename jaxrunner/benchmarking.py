@@ -13,6 +13,7 @@ ratio is taken per round (median reported).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import statistics
@@ -175,6 +176,21 @@ def make_jaxrunner(env_id: str, num_envs: int, num_steps: int, hiddens: tuple[in
         runner.sample(random_actions=random_actions)
 
     return run, compile_s
+
+
+@contextlib.contextmanager
+def switched(module: Any, name: str, value: Any):
+    """Sets the module-level switch `module.name` to `value` inside the block and restores
+    it after. Runners read such switches (`jaxrunner.core.chunk.SEPARATE_RESETS`,
+    `jaxrunner.core.faults.SMALL_LEAVES_CHECK`, ...) when their chunk is first traced, so
+    a runner built and first sampled inside the block keeps the setting: the A/B
+    benchmarks build one runner per side this way."""
+    previous = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, previous)
 
 
 def compare(sides: dict[str, Callable[[], None]], steps_per_call: int | dict[str, int], *,

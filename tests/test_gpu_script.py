@@ -31,18 +31,20 @@ def _run_script(output: pathlib.Path, *args: str, script: pathlib.Path = SCRIPT)
 
 
 def test_gpu_script__runs_without_ray_at_tiny_size(tmp_path):
-    data = _run_script(tmp_path / "gpu.json", "--num-envs", "4")
+    data = _run_script(tmp_path / "gpu.json", "--num-envs", "4", "--ablations")
     assert data["backend"] == "cpu" and data["ray_imported"] is False
     assert len(data["load_avg"]) == 3
     assert [(c["num_envs"], c["random_actions"]) for c in data["cases"]] == [(4, True),
                                                                              (4, False)]
     for case in data["cases"]:
         assert "error" not in case, case
-        assert set(case["steps_per_s"]) == {"jaxrunner", "jaxrunner_partial_reset",
-                                            "bare_scan"}
+        assert set(case["steps_per_s"]) == {
+            "jaxrunner", "jaxrunner_partial_reset", "bare_scan",
+            "jaxrunner_loop_test_every_step", "jaxrunner_loop_test_every_64",
+            "jaxrunner_joined_finite_check", "jaxrunner_columns_finite_check",
+            "jaxrunner_no_finite_check"}
         assert all(v > 0 for v in case["steps_per_s"].values())
-        assert set(case["first_sample_s"]) == {"jaxrunner", "jaxrunner_partial_reset",
-                                               "bare_scan"}
+        assert set(case["first_sample_s"]) == set(case["steps_per_s"])
 
 
 def test_gpu_script__time_budget_skips_the_cases_left_and_still_writes_json(tmp_path):
@@ -66,3 +68,17 @@ def test_gpu_profile_script__summarises_kernels_per_side_without_ray(tmp_path):
         assert profile["wall_us_per_call_traced"] > 0 and profile["kernels_per_call"] > 0
         assert profile["top_kernels"] and all(k["us_per_call"] >= 0
                                               for k in profile["top_kernels"])
+
+
+def test_switched__sets_a_module_switch_inside_the_block_and_restores_it_on_error():
+    from jaxrunner.benchmarking import switched
+    from jaxrunner.core import faults
+
+    default = faults.SMALL_LEAVES_CHECK
+    try:
+        with switched(faults, "SMALL_LEAVES_CHECK", "columns"):
+            assert faults.SMALL_LEAVES_CHECK == "columns"
+            raise RuntimeError("a side failed to build")
+    except RuntimeError:
+        pass
+    assert faults.SMALL_LEAVES_CHECK == default
