@@ -74,8 +74,20 @@ def test_blocks__no_new_program_for_new_sizes(compile_counter):
     assert compile_counter.count == 0
 
 
-def test_auto__one_step_per_check_on_cpu_and_never_more_than_a_chunk():
-    assert _single("auto")._steps_per_loop_check() == 1
+def test_auto__one_step_per_check_on_cpu_and_never_more_than_a_chunk(monkeypatch):
+    runner = _single("auto")
+    assert runner._steps_per_loop_check() == 1
     assert _single(64)._steps_per_loop_check() == 16  # the chunk is 16 steps long
+    # Off CPU "auto" is ACCELERATOR_STEPS_PER_LOOP_CHECK (16), capped at the chunk length,
+    # and the fault check's small leaves are tested by columns.
+    from jaxrunner.core import faults
+    from jaxrunner.runners import compiled_runner
+
+    monkeypatch.setattr(compiled_runner.jax, "default_backend", lambda: "gpu")
+    assert compiled_runner.ACCELERATOR_STEPS_PER_LOOP_CHECK == 16
+    assert runner._steps_per_loop_check() == 16
+    assert jr.SingleAgentEnvRunner(config=make_config(
+        num_envs=3, fragment=8))._steps_per_loop_check() == 8
+    assert faults.small_leaves_check() == "columns"
     with pytest.raises(ValueError, match="steps_per_loop_check"):
         make_config(steps_per_loop_check=0)

@@ -22,7 +22,8 @@ steps completed; the steps not taken hold zeros and are marked invalid (`valid`)
 
 Layout protocol (duck-typed; see the two layouts): attributes `spec` (with the common
 fields `env`, `num_envs`, `chunk_len`, `lookback_len`, `metrics_window`, `check_finite`,
-`autoreset_mode`, `partial_reset_ratio`, `restart_failed_sub_environments`),
+`autoreset_mode`, `partial_reset_ratio`, `restart_failed_sub_environments`,
+`steps_per_loop_check`),
 `step_fns` (`autoreset.EnvStepFns`), `counts_agent_steps` (bool), `carry_cls`; methods
 `init_fields`, `reset_fields`, `act`, `outcome`, `after_step`, `record_counts`,
 `begin_chunk`, `decode`, `ring_input`, `after_ring`, `init_lookback`, `roll_lookback`,
@@ -352,7 +353,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         steps_taken, (carry, _, agent_steps_done, rows), records = scan_while(
             step, (carry, zero, zero, rows), buffers_shape, spec.chunk_len, keep_going,
             # Agent steps a vector step completes have no small bound: per step then.
-            1 if counts_agents else getattr(spec, "steps_per_loop_check", 1))
+            1 if counts_agents else spec.steps_per_loop_check)
         callback_values = None
         if values_in_store:
             callback_values = store.end_rows(rows)

@@ -300,14 +300,13 @@ class CompiledEnvRunner(EnvRunner):
         return max(1, min(fragment, self.config.max_chunk_length))
 
     def _steps_per_loop_check(self) -> int:
-        """`config.steps_per_loop_check`, "auto" resolved for the device the runner's
-        arrays live on: 1 on CPU (a loop test costs nothing there, a second traced step
-        costs compile time), `ACCELERATOR_STEPS_PER_LOOP_CHECK` elsewhere."""
+        """`config.steps_per_loop_check`, "auto" resolved for JAX's default backend (as
+        the fault check's `faults.small_leaves_check()` is): 1 on CPU (a loop test costs
+        nothing there, a second traced step costs compile time),
+        `ACCELERATOR_STEPS_PER_LOOP_CHECK` elsewhere."""
         value = self.config.steps_per_loop_check
         if value == "auto":
-            device = jax.config.jax_default_device or jax.local_devices()[0]
-            platform = device if isinstance(device, str) else device.platform
-            value = 1 if platform == "cpu" else ACCELERATOR_STEPS_PER_LOOP_CHECK
+            value = 1 if jax.default_backend() == "cpu" else ACCELERATOR_STEPS_PER_LOOP_CHECK
         return max(1, min(int(value), self._chunk_len()))
 
     @property
