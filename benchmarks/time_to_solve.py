@@ -662,15 +662,17 @@ def _timed_compile(fn: Callable, *args: Any, unrolled_rng: bool = False
 
 
 def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
-                         timing_iterations: int, rounds: int) -> dict:
+                         timing_iterations: int, rounds: int, fused_lowering: str = "auto"
+                         ) -> dict:
     """Fused jaxrunner PPO against the bare PPO, `num_seeds` seeds vmapped (1: no vmap):
     compile time, time to solve with compilation excluded and included (both solve-until
     -target loops, every seed to the target or `max_updates`), and the per-iteration
     time of `timing_iterations` scanned iterations, in `rounds` alternating rounds.
 
     The bare PPO compiles as a hand-written `jax.jit` does (JAX's lowering); the fused one
-    as the README's "Inside your own jit" advises: with the unrolled Threefry lowering
-    when its rollout (`num_envs` x seeds) is small enough (`jaxrunner.lowering`)."""
+    as `PPOLearner.fused_train` compiles it (`fused_lowering="auto"`): the unrolled
+    Threefry lowering for several seeds of few sub-envs, JAX's for one seed
+    (`jaxrunner.lowering.unroll_for_training`)."""
     import jax
     import numpy as np
 
@@ -680,7 +682,8 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
     bare = make_bare_train(env_id, hp, max_updates=max_updates)
     fused = make_fused_train(env_id, hp, max_updates=max_updates)
     solve = {"bare": lambda k: bare(k, 0), "fused": fused}
-    unrolled = {"bare": False, "fused": lowering.unroll_for(hp.num_envs * num_seeds)}
+    unrolled = {"bare": False, "fused": lowering.choose_unrolled(
+        fused_lowering, lowering.unroll_for_training(hp.num_envs, num_seeds))}
     out: dict[str, Any] = {"env": env_id, "num_seeds": num_seeds,
                            "fused_unrolled_rng": unrolled["fused"],
                            "load_avg_1min_start": round(os.getloadavg()[0], 2)}
@@ -812,7 +815,8 @@ def main_fused(args: argparse.Namespace) -> None:
         for num_seeds in args.fused_seeds:
             results["runs"].append(run_fused_comparison(
                 env_id, num_seeds, hp, max_updates=max_updates,
-                timing_iterations=args.timing_iterations, rounds=args.rounds))
+                timing_iterations=args.timing_iterations, rounds=args.rounds,
+                fused_lowering=args.fused_lowering))
             save()
     print(f"wrote {json_path}")
 
@@ -933,6 +937,12 @@ def main() -> None:
     parser.add_argument("--fused", action="store_true",
                         help="fused jaxrunner PPO vs bare (time_to_solve_fused.json)")
     parser.add_argument("--fused-seeds", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--fused-lowering", choices=("auto", "unrolled", "jax"),
+                        default="auto",
+                        help="the fused side's Threefry lowering: 'auto' as "
+                             "PPOLearner.fused_train picks it (jaxrunner.lowering."
+                             "unroll_for_training), 'unrolled', or 'jax' (JAX's own, as "
+                             "the bare side)")
     parser.add_argument("--max-updates", type=int, default=10_000)
     parser.add_argument("--timing-iterations", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)

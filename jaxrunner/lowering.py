@@ -168,6 +168,41 @@ def unroll_for(num_envs: int) -> bool:
     return int(num_envs) <= UNROLL_MAX_ENVS
 
 
+# The lowering of a fused training program (`PPOLearner.fused_train`). Measured on the
+# 2-core CPU (jaxlib 0.10.2, fused PPO of 16 sub-envs, compile-only A/B in 4-6 fresh
+# processes, rotated order, plus one same-process per-iteration A/B a case):
+# - one seed (no vmap): JAX's lowering compiled faster (CartPole median 6.95 s against
+#   7.8 s unrolled; Pendulum 6.3 against 6.55 s) and the unrolled hash won per iteration
+#   only for CartPole (0.96 against 1.05 of the bare PPO; Pendulum 1.02 against 0.97):
+#   CartPole's 0.66 ms an iteration pays back its 0.9 s of compile after ~1,400 iterations,
+#   more than such a run takes to solve;
+# - 8 vmapped seeds: the unrolled hash compiled faster (CartPole 8.2-9.5 s against
+#   9.9-11.6 s) and ran faster (0.96 against 1.01 of the bare PPO per iteration).
+FUSED_UNROLL_MIN_SEEDS = 2
+
+
+def unroll_for_training(num_envs: int, num_seeds: int) -> bool:
+    """Whether a fused training program (`PPOLearner.fused_train`: `num_seeds` vmapped
+    seeds of `num_envs` sub-envs each) compiles with the unrolled hash: with at least
+    `FUSED_UNROLL_MIN_SEEDS` seeds and up to `UNROLL_MAX_ENVS` sub-envs in all; one seed
+    keeps JAX's lowering, which compiles faster (see `FUSED_UNROLL_MIN_SEEDS`)."""
+    return int(num_seeds) >= FUSED_UNROLL_MIN_SEEDS and unroll_for(int(num_envs) *
+                                                                    int(num_seeds))
+
+
+RNG_LOWERINGS = ("auto", "unrolled", "jax")
+
+
+def choose_unrolled(rng_lowering: str, auto: bool) -> bool:
+    """`rng_lowering` ("auto": `auto`; "unrolled"; "jax": JAX's own) as a bool: whether
+    to compile with the unrolled hash. Raises ValueError for any other value."""
+    if rng_lowering not in RNG_LOWERINGS:
+        raise ValueError(f"rng_lowering must be one of {RNG_LOWERINGS}, got "
+                         f"{rng_lowering!r}: 'auto' picks by size, 'unrolled' forces the "
+                         "unrolled Threefry hash, 'jax' keeps JAX's own lowering.")
+    return auto if rng_lowering == "auto" else rng_lowering == "unrolled"
+
+
 class UnrolledRngJit:
     """`jax.jit(fun, **kwargs)` whose lowerings (first calls, new shapes, `.lower`) run
     inside `unrolled_threefry()`. Calls go to the jitted function (its C++ dispatch);
@@ -195,7 +230,9 @@ def jit(fun: Callable, *, unrolled: bool = True, **jit_kwargs: Any) -> Callable:
     return UnrolledRngJit(fun, **jit_kwargs) if unrolled else jax.jit(fun, **jit_kwargs)
 
 
-__all__ = ["ROLLED_ONE_KEY_MIN_COUNTS", "UNROLLED_THREEFRY_AVAILABLE",
+__all__ = ["FUSED_UNROLL_MIN_SEEDS", "RNG_LOWERINGS", "ROLLED_ONE_KEY_MIN_COUNTS",
+           "UNROLLED_THREEFRY_AVAILABLE",
            "UNROLLED_THREEFRY_MAX_JAXLIB", "UNROLL_MAX_ENVS", "unrolled_threefry_supported",
            "UnrolledRngJit", "jit", "threefry2x32_unrolled",
-           "unroll_for", "unrolled_threefry"]
+           "choose_unrolled", "unroll_for", "unroll_for_training",
+           "unrolled_threefry"]

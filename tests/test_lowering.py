@@ -178,3 +178,16 @@ def test_unrolled_hash__only_with_the_jaxlib_releases_it_was_checked_with():
     assert not lowering.unrolled_threefry_supported("1.0.0")
     assert lowering.UNROLLED_THREEFRY_AVAILABLE == lowering.unrolled_threefry_supported(
         jaxlib.version.__version__)
+
+
+def test_unroll_for_training__several_seeds_of_few_sub_envs_only():
+    assert not lowering.unroll_for_training(16, 1)  # one seed: JAX's lowering compiles faster
+    assert lowering.unroll_for_training(16, lowering.FUSED_UNROLL_MIN_SEEDS)
+    assert lowering.unroll_for_training(16, 8)
+    assert not lowering.unroll_for_training(lowering.UNROLL_MAX_ENVS, 2)  # too many in all
+    assert lowering.choose_unrolled("auto", True) and not lowering.choose_unrolled("auto",
+                                                                                  False)
+    assert lowering.choose_unrolled("unrolled", False)
+    assert not lowering.choose_unrolled("jax", True)
+    with pytest.raises(ValueError, match="'jax' keeps JAX's own lowering"):
+        lowering.choose_unrolled("default", True)

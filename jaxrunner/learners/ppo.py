@@ -369,7 +369,8 @@ class PPOLearner:
             runner.get_state(components="all")))
 
     def fused_train(self, sampler: Any, num_iterations: int, *,
-                    seeds: int | list[int] = 1) -> dict[str, Any]:
+                    seeds: int | list[int] = 1, rng_lowering: str = "auto"
+                    ) -> dict[str, Any]:
         """Trains `seeds` independent policies (an int: seeds `config.seed ...`; or a
         list of seeds) at once, each with its own sub-envs, in one `jax.jit` of a `vmap`
         of `make_train` (no host round trip per iteration).
@@ -378,17 +379,23 @@ class PPOLearner:
         (host arrays `(S, num_iterations)` per statistic), `metrics` (RLlib's keys per
         seed and iteration, host arrays `(S, num_iterations)`; `episode_return_mean` is
         NaN until an episode has finished) and `time_s` (compilation included).
-        The learner's own `state` is left unchanged."""
+        The learner's own `state` is left unchanged.
+
+        `rng_lowering`: the Threefry lowering of the program on CPU (the same random
+        values either way; `jaxrunner.lowering`): "auto" unrolls the hash for several
+        seeds of up to `UNROLL_MAX_ENVS` sub-envs in all and keeps JAX's lowering for one
+        seed, which compiles faster (`lowering.unroll_for_training`); "unrolled"; "jax"."""
         from jaxrunner.metrics.fused import reduce_sample_metrics
 
         seed_list = (list(range(self.config.seed, self.config.seed + seeds))
                      if isinstance(seeds, int) else [int(s) for s in seeds])
         if not seed_list:
             raise ValueError("fused_train needs at least one seed.")
+        unrolled = lowering.choose_unrolled(rng_lowering, lowering.unroll_for_training(
+            sampler.num_envs, len(seed_list)))
         train = self.make_train(sampler, num_iterations)
         keys = jnp.stack([jax.random.key(s) for s in seed_list])
         start = time.perf_counter()
-        unrolled = lowering.unroll_for(sampler.num_envs * len(seed_list))
         state, stats, metrics = jax.block_until_ready(
             lowering.jit(jax.vmap(train), unrolled=unrolled)(keys))
         elapsed = time.perf_counter() - start
