@@ -138,6 +138,12 @@ def unrolled_threefry() -> Iterator[None]:
                 _saved_rule = None
 
 
+def unrolled_threefry_active() -> bool:
+    """Whether a program lowered now gets the unrolled hash: inside `unrolled_threefry()`
+    (in any thread, as the lowering rule itself is process-wide) with it available."""
+    return UNROLLED_THREEFRY_AVAILABLE and _depth > 0
+
+
 # A hash of one key over a long 1-D count (`jax.random.split(key, n)`, a 1-D draw) keeps
 # JAX's loop above this many counts: unrolled, XLA fuses it into every per-key hash that
 # consumes its keys (a vmapped env's split and reset draw) and recomputes it there.
@@ -235,4 +241,4 @@ __all__ = ["FUSED_UNROLL_MIN_SEEDS", "RNG_LOWERINGS", "ROLLED_ONE_KEY_MIN_COUNTS
            "UNROLLED_THREEFRY_MAX_JAXLIB", "UNROLL_MAX_ENVS", "unrolled_threefry_supported",
            "UnrolledRngJit", "jit", "threefry2x32_unrolled",
            "choose_unrolled", "unroll_for", "unroll_for_training",
-           "unrolled_threefry"]
+           "unrolled_threefry", "unrolled_threefry_active"]

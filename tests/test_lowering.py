@@ -16,6 +16,8 @@ from jax.extend.random import threefry_2x32
 import jaxrunner
 from jaxrunner import lowering
 
+from conftest import host_tree
+
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
                                 reason="the lowering differs from JAX's on CPU only")
 
@@ -191,3 +193,32 @@ def test_unroll_for_training__several_seeds_of_few_sub_envs_only():
     assert not lowering.choose_unrolled("jax", True)
     with pytest.raises(ValueError, match="'jax' keeps JAX's own lowering"):
         lowering.choose_unrolled("default", True)
+
+
+@needs_unrolled
+def test_separate_resets__only_in_programs_lowered_with_the_unrolled_hash():
+    """CartPole's resets are drawn in a branch of their own (`separate_reset`) where the
+    chunk is lowered with the unrolled hash (the runner's programs); traced with JAX's
+    lowering (a fused one-seed training loop) the same chunk has no such branch, and both
+    give the same steps."""
+    config = (jaxrunner.RunnerConfig().environment("CartPole-v1")
+              .env_runners(num_envs_per_env_runner=4, rollout_fragment_length=8)
+              .rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0))
+    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    runner.sample()
+    args = (runner._carry, runner._lookback, runner._params, runner.env_params, np.int32(8),
+            np.int32(1 << 30), np.int32(1 << 30), np.int32(0))
+    unrolled = runner.sampler.jitted("explore")["chunk"]
+    chunk = runner.sampler.chunk_fns("explore").chunk
+    default = jax.jit(lambda *a: chunk(*a))  # a new function: JAX's trace cache is per function
+    assert not lowering.unrolled_threefry_active()
+    with lowering.unrolled_threefry():
+        assert lowering.unrolled_threefry_active() == lowering.UNROLLED_THREEFRY_AVAILABLE
+    counts = [text.count(" conditional(") for text in (
+        unrolled.lower(*args).compile().as_text(), default.lower(*args).compile().as_text())]
+    assert counts[0] == counts[1] + 1, counts
+    want = jax.device_get(host_tree(default(*args)))
+    got = unrolled(*args)  # the runner's chunk takes its carry's buffers: after `default`
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 host_tree(got[2]), want[2])
+    runner.stop()

@@ -66,7 +66,10 @@ POLICY_MODES = ("explore", "inference", "random")
 # Whether rollouts compiled with the unrolled hash compute each sub-env's reset in a kernel
 # of its own on CPU (`jaxrunner.core.autoreset.separate_reset`): "auto" where the reset's
 # draw would otherwise be computed in several fusions (`reset_spreads_its_draw`); True and
-# False (always, never) are for A/B benchmarks (`benchmarks/separate_resets.py`).
+# False (always, never) are for A/B benchmarks (`benchmarks/separate_resets.py`). Only
+# programs traced inside `lowering.unrolled_threefry()` separate them: with JAX's lowering
+# the draw is a loop XLA does not fuse into its readers, and the separating conditional
+# only adds a branch of about 50 instructions to compile (CartPole's fused PPO).
 SEPARATE_RESETS: bool | str = "auto"
 
 
@@ -205,20 +208,23 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         return carry
 
     def vector_env_step(carry: Any, params: Any, env_params: Any):
-        """The vector env step, built at the first trace: the env's shapes say whether its
-        step reads its key (if not, the step's split leaves out the `B` step keys)."""
-        if "env_step" not in bound:
+        """The vector env step, built at the first trace under each Threefry lowering
+        (resets are separated only under the unrolled one): the env's shapes say whether
+        its step reads its key (if not, the step's split leaves out the `B` step keys)."""
+        unrolled = lowering.unrolled_threefry_active()
+        name = "env_step_unrolled" if unrolled else "env_step"
+        if name not in bound:
             actions = jax.eval_shape(lambda c, p, e: layout.act(p, c, c.key, e)[0], carry,
                                      params, env_params)
             step_keys = step_reads_key(step_fns, carry.key, carry.env_state, actions,
                                        env_params)
-            separate = (lowering.UNROLLED_THREEFRY_AVAILABLE and lowering.unroll_for(num_envs)
+            separate = (unrolled and lowering.unroll_for(num_envs)
                         and (SEPARATE_RESETS is True or SEPARATE_RESETS == "auto"
                              and reset_spreads_its_draw(step_fns, carry.key, env_params)))
-            bound["env_step"] = make_env_step(
+            bound[name] = make_env_step(
                 step_fns, num_envs, spec.autoreset_mode, spec.partial_reset_ratio,
                 step_keys=step_keys, separate_resets=bool(separate))
-        return bound["env_step"]
+        return bound[name]
 
     def bound_callbacks(carry: Any, params: Any, env_params: Any):
         """The device callbacks bound to this layout's step view (traced once)."""
