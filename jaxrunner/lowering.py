@@ -204,7 +204,7 @@ def choose_unrolled(rng_lowering: str, auto: bool) -> bool:
     to compile with the unrolled hash. Raises ValueError for any other value."""
     if rng_lowering not in RNG_LOWERINGS:
         raise ValueError(f"rng_lowering must be one of {RNG_LOWERINGS}, got "
-                         f"{rng_lowering!r}: 'auto' picks by size, 'unrolled' forces the "
+                         f"{rng_lowering!r}: 'auto' lets jaxrunner pick, 'unrolled' forces the "
                          "unrolled Threefry hash, 'jax' keeps JAX's own lowering.")
     return auto if rng_lowering == "auto" else rng_lowering == "unrolled"
 
