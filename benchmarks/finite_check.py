@@ -26,8 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_process_a
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from same_process_ab import (HIDDENS, NUM_STEPS, parse_ab_args, run_cases,  # noqa: E402
-                             runner_and_bare)
+from same_process_ab import HIDDENS, NUM_STEPS, ab_main, runner_and_bare  # noqa: E402
 
 from jaxrunner.benchmarking import make_jaxrunner, switched  # noqa: E402
 from jaxrunner.core import faults  # noqa: E402
@@ -63,11 +62,8 @@ def _sides(env_id: str, num_envs: int) -> dict:
 
 
 def main() -> None:
-    cases, rounds, output = parse_ab_args(
-        __doc__.splitlines()[0], CASES,
-        os.path.join(os.path.dirname(__file__), "results", "finite_check.json"))
-    run_cases("finite_check", cases, _sides, rounds, output,
-              max_joined_bytes=faults.CONCATENATED_CHECK_MAX_BYTES)
+    ab_main("finite_check", __doc__, CASES, "finite_check.json", _sides,
+            max_joined_bytes=faults.CONCATENATED_CHECK_MAX_BYTES)
 
 
 if __name__ == "__main__":

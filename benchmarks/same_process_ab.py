@@ -1,5 +1,6 @@
 """Shared pieces of the same-process A/B benchmarks (`separate_resets.py`,
-`finite_check.py`): the sides of a case, the command line and the case loop.
+`separate_outputs.py`, `finite_check.py`): the sides of a case, the command line and the
+case loop.
 
 Single-agent sides: a 64x64 MLP runner (explore) and the bare PureJaxRL-style scan of
 `jaxrunner.benchmarking` (JAX's default lowering); multi-agent (`MultiAgent*` ids): the
@@ -65,11 +66,12 @@ def parse_ab_args(description: str, default_cases: tuple, default_output: str
 
 
 def run_cases(benchmark: str, cases: tuple, sides: Callable[[str, int], dict], rounds: int,
-              output: str, extra: Callable[[str], dict] = lambda env_id: {},
+              output: str, extra: Callable[[str, int], dict] = lambda env_id, num_envs: {},
               **header: Any) -> dict:
     """Measures each `(env_id, num_envs)` case's `sides(env_id, num_envs)` in alternating
     rounds beside `"bare_scan"`, prints the ratios and rewrites the JSON at `output` after
-    every case (with the commit, the machine, `header` and per case `extra(env_id)`)."""
+    every case (with the commit, the machine, `header` and per case `extra(env_id,
+    num_envs)`)."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     out = {"benchmark": benchmark, "commit": commit, "machine": machine_info(),
@@ -78,7 +80,7 @@ def run_cases(benchmark: str, cases: tuple, sides: Callable[[str, int], dict], r
         load = os.getloadavg()[0]
         result = compare(sides(env_id, num_envs), num_envs * NUM_STEPS, rounds=rounds)
         result.pop("_timings", None)
-        result.update(env=env_id, num_envs=num_envs, **extra(env_id),
+        result.update(env=env_id, num_envs=num_envs, **extra(env_id, num_envs),
                       load_avg_1min=[round(load, 2), round(os.getloadavg()[0], 2)])
         out["cases"].append(result)
         ratios = ", ".join(f"{name} {ratio:.3f}"
@@ -88,3 +90,16 @@ def run_cases(benchmark: str, cases: tuple, sides: Callable[[str, int], dict], r
         with open(output, "w") as f:
             json.dump(out, f, indent=1)
     return out
+
+
+def ab_main(benchmark: str, doc: str, default_cases: tuple, default_output: str,
+            sides: Callable[[str, int], dict],
+            extra: Callable[[str, int], dict] = lambda env_id, num_envs: {},
+            **header: Any) -> dict:
+    """An A/B script's `main()`: its command line (`parse_ab_args`, described by the first
+    line of its `doc`) and its case loop (`run_cases`). `default_output` is relative to
+    `benchmarks/results/`."""
+    cases, rounds, output = parse_ab_args(
+        doc.splitlines()[0], default_cases,
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", default_output))
+    return run_cases(benchmark, cases, sides, rounds, output, extra=extra, **header)

@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_process_ab
 
-from same_process_ab import parse_ab_args, run_cases, runner_and_bare  # noqa: E402
+from same_process_ab import ab_main, runner_and_bare  # noqa: E402
 from jaxrunner.benchmarking import switched  # noqa: E402
 from jaxrunner.core import chunk  # noqa: E402
 
@@ -66,11 +66,8 @@ def _auto_separates(env_id: str) -> bool:
 
 
 def main() -> None:
-    cases, rounds, output = parse_ab_args(
-        __doc__.splitlines()[0], CASES,
-        os.path.join(os.path.dirname(__file__), "results", "separate_resets", "ab.json"))
-    run_cases("separate_resets", cases, _sides, rounds, output,
-              extra=lambda env_id: {"auto_separates": _auto_separates(env_id)})
+    ab_main("separate_resets", __doc__, CASES, "separate_resets/ab.json", _sides,
+            extra=lambda env_id, _: {"auto_separates": _auto_separates(env_id)})
 
 
 if __name__ == "__main__":

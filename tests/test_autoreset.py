@@ -234,19 +234,25 @@ def test_chunk__gymnax_step_splits_no_key_of_its_own():
     assert splits(OwnStep()) == splits(CartPole()) + 1
 
 
+@pytest.mark.parametrize("separated", ["separate_resets", "separate_outputs"])
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"])
-def test_separate_resets__same_steps_and_the_reset_in_its_own_kernel(env_id):
-    """With `separate_resets` every sub-env's reset is drawn in a kernel of its own (a
-    conditional in the compiled CPU program) and the vector step gives the same
+def test_separate__same_steps_and_the_separated_part_in_its_own_kernel(env_id, separated):
+    """With `separate_resets` every sub-env's reset is drawn in a kernel of its own, with
+    `separate_outputs` the observation, reward and flags of its step are computed in one
+    (a conditional in the compiled CPU program), and the vector step gives the same
     observations, states, rewards and flags bit for bit, over steps that end episodes."""
     from jaxrunner import lowering
     from jaxrunner.core.autoreset import gymnax_step_fns, make_env_step
 
     env, params = gymnax.make(env_id)
     fns = gymnax_step_fns(env)
-    assert fns.takes_reset_gate
+    assert fns.takes_reset_gate and fns.takes_outputs_gate
     num_envs, space = 32, env.action_space(params)
-    steps = {flag: make_env_step(fns, num_envs, "gymnax", 1, separate_resets=flag)
+    from jaxrunner.core.autoreset import STEP_OUTPUTS
+
+    separating = {"separate_resets": True, "separate_outputs": STEP_OUTPUTS}[separated]
+    steps = {flag: make_env_step(fns, num_envs, "gymnax", 1,
+                                 **{separated: separating if flag else type(separating)()})
              for flag in (False, True)}
 
     def rollout(step, key, states):
@@ -270,6 +276,60 @@ def test_separate_resets__same_steps_and_the_reset_in_its_own_kernel(env_id):
     jax.tree.map(np.testing.assert_array_equal, results[True], results[False])
     terminated, truncated = results[True][1][2], results[True][1][3]
     assert int(jnp.sum(terminated | truncated)) >= num_envs, "the test needs episode ends"
+
+
+@pytest.mark.parametrize("env_id, separated", [
+    ("Pendulum-v1", ("obs",)), ("Acrobot-v1", ("obs", "reward", "terminated")),
+    ("CartPole-v1", ()), ("MountainCar-v0", ()), ("Breakout-MinAtar", ())])
+def test_step_outputs_to_separate__those_needing_a_transcendental_beyond_the_state(
+        env_id, separated):
+    """The default computes a step's output apart where it needs a transcendental function
+    that the next state does not (Pendulum's observation, Acrobot's observation, reward
+    and termination: cos/sin of the new angles); not where it is the state's fields and
+    compares (CartPole, MountainCar) or a grid of compares and scatters
+    (Breakout-MinAtar)."""
+    from jaxrunner.core.autoreset import (gymnax_step_fns, outputs_work,
+                                          step_outputs_to_separate)
+    from jaxrunner.core.dependence import primitives_only_for
+
+    env, params = gymnax.make(env_id)
+    key = jax.random.key(0)
+    _, state = env.reset_env(key, params)
+    action = env.action_space(params).sample(key)
+    batched = lambda tree: jax.tree.map(lambda x: jnp.asarray(x)[None], tree)  # noqa: E731
+    fns = gymnax_step_fns(env)
+    args = (fns, key, batched(state), batched(action), params)
+    assert step_outputs_to_separate(*args) == separated
+    work = outputs_work(*args)
+    assert ({"sin", "cos"} <= work["obs"]) is ("obs" in separated)
+    everything = primitives_only_for(fns.step_no_reset, lambda out: out[0], lambda out: (),
+                                     key, state, action, params)
+    assert work["obs"] < everything  # the next state's own work is left out
+
+
+def test_make_env_step__unknown_output_names_are_a_clear_error():
+    from jaxrunner.core.autoreset import gymnax_step_fns, make_env_step
+
+    env, _ = gymnax.make("Pendulum-v1")
+    with pytest.raises(ValueError, match="separate_outputs takes names of"):
+        make_env_step(gymnax_step_fns(env), 4, "gymnax", 1, separate_outputs=("obs", "obz"))
+
+
+def test_primitives_only_for__nested_jaxprs_and_untraceable_functions():
+    """Primitives inside a nested jit count; work shared with the other outputs does not;
+    a function that cannot be traced alone gives None."""
+    from jaxrunner.core.dependence import primitives_only_for
+
+    def fn(x):
+        shared = x * 2.0
+        return jax.jit(jnp.exp)(shared), shared + 1.0
+
+    only_first = primitives_only_for(fn, lambda out: out[0], lambda out: out[1], jnp.ones(3))
+    assert "exp" in only_first and "mul" not in only_first
+    assert "add" in primitives_only_for(fn, lambda out: out[1], lambda out: out[0],
+                                        jnp.ones(3))
+    assert primitives_only_for(lambda x: float(x), lambda out: out, lambda out: (),
+                               jnp.ones(())) is None
 
 
 @pytest.mark.parametrize("env_id, keyed_leaves, separated", [
@@ -304,3 +364,40 @@ def test_reset_spreads_its_draw__a_reset_that_keeps_a_key_in_its_state():
     assert reset_spreads_its_draw(fns, jax.random.key(0), None) is True
     assert reset_spreads_its_draw(fns._replace(reset=lambda k, p: reset(k, p)[:1] + (
         {"key": reset(k, p)[1]["key"]},)), jax.random.key(0), None) is False
+
+
+def test_runner__separates_pendulums_step_outputs_by_default_with_the_same_episodes():
+    """The runner's default ("auto") computes Pendulum's step observation, reward and
+    flags apart (one more conditional in its compiled chunk than with
+    `SEPARATE_STEP_OUTPUTS = False`, as many as with True) and all three runners sample
+    the same episodes bit for bit, final observations of the 200-step episodes included."""
+    from conftest import host_tree, make_config
+    from test_sampler import WALL_CLOCK
+
+    from jaxrunner.benchmarking import switched
+    from jaxrunner.core import chunk
+
+    results, conditionals = {}, {}
+    for flag in (False, True, "auto"):
+        with switched(chunk, "SEPARATE_STEP_OUTPUTS", flag):
+            runner = jr.SingleAgentEnvRunner(config=make_config("Pendulum-v1", num_envs=4,
+                                                                fragment=120))
+            episodes = [e for _ in range(2) for e in runner.sample()]
+        args = (runner._carry, runner._lookback, runner._params, runner.env_params,
+                np.int32(8), np.int32(1 << 30), np.int32(1 << 30), np.int32(0))
+        program = runner.sampler.jitted("explore")["chunk"].lower(*args).compile().as_text()
+        conditionals[flag] = program.count(" conditional(")
+        metrics = {k: v for k, v in runner.get_metrics().items() if k not in WALL_CLOCK}
+        results[flag] = ([(e.id_, e.get_observations(), e.get_actions(), e.get_rewards(),
+                           e.is_terminated, e.is_truncated) for e in episodes],
+                         metrics, host_tree(runner._carry))
+        runner.stop()
+    assert conditionals[True] == conditionals["auto"] == conditionals[False] + 1, conditionals
+    assert any(r[5] for r in results[False][0]), "the test needs a truncated episode"
+    for flag in (True, "auto"):
+        for want, got in zip(results[False][0], results[flag][0]):
+            assert want[0] == got[0] and want[4:] == got[4:]
+            for a, b in zip(want[1:4], got[1:4]):
+                np.testing.assert_array_equal(a, b)
+        assert results[flag][1] == results[False][1]
+        jax.tree.map(np.testing.assert_array_equal, results[flag][2], results[False][2])

@@ -76,3 +76,27 @@ def test_make_scan_rollout__matches_a_python_loop_over_the_same_functions():
     # The next call continues from the carry: the counter goes on from step 7 (7 % 3 = 1).
     obs, *_ = map(np.asarray, run())
     assert obs[0, 0] == num_steps % 3
+
+
+@pytest.mark.parametrize("script, case, sides, auto", [
+    ("separate_outputs.py", "Pendulum-v1:4", {"fused", "auto", "all"}, ["obs"]),
+    ("separate_resets.py", "CartPole-v1:4", {"fused", "separate"}, True)])
+def test_same_process_ab_scripts__write_every_side_and_the_default_they_pick(
+        tmp_path, script, case, sides, auto):
+    """The same-process A/B scripts run a tiny case end to end: every side's ratio to the
+    bare scan and which variant the default picks for the env."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    output = tmp_path / "ab.json"
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", script), "--rounds", "1",
+                    "--cases", case, "--output", str(output)], check=True, timeout=600,
+                   capture_output=True)
+    result = json.loads(output.read_text())
+    (measured,) = result["cases"]
+    assert set(measured["ratio_to_bare_scan"]) == sides
+    assert all(ratio > 0 for ratio in measured["ratio_to_bare_scan"].values())
+    assert measured["auto_separates"] == auto

@@ -34,7 +34,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrunner.core.dependence import outputs_reading_first, reads_first_argument
+from jaxrunner.core.dependence import (outputs_reading_first, primitives_only_for,
+                                      reads_first_argument)
 from jaxrunner.core.faults import select_rows
 
 AUTORESET_MODES = ("gymnax", "partial")
@@ -43,6 +44,15 @@ AUTORESET_MODES = ("gymnax", "partial")
 # `reset_spreads_its_draw`).
 SEPARATE_RESET_MIN_KEYED_LEAVES = 4
 SEPARATE_RESET_MAX_KEYED_BYTES = 256
+# The outputs of a step other than its next state, by the names `make_env_step`'s
+# `separate_outputs` takes.
+STEP_OUTPUTS = ("obs", "reward", "terminated", "truncated")
+# Each of them is computed in a kernel of its own ("auto", see `step_outputs_to_separate`)
+# when the work it needs beyond the next state's has one of these primitives.
+TRANSCENDENTAL_PRIMITIVES = frozenset({
+    "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh", "asinh",
+    "acosh", "atanh", "exp", "exp2", "expm1", "log", "log1p", "pow", "logistic", "erf",
+    "erfc", "erf_inv", "lgamma", "digamma"})
 
 
 class EnvStepFns(NamedTuple):
@@ -65,6 +75,10 @@ class EnvStepFns(NamedTuple):
     # auto_step_with_keys takes `reset_gate=` (see `separate_reset`): its reset goes
     # through `separate_reset(reset, reset_gate)` before it is selected.
     takes_reset_gate: bool = False
+    # auto_step_with_keys takes `outputs_gate=` and `separated_outputs=` (names of
+    # `STEP_OUTPUTS`): those outputs of its step without reset go through
+    # `separate_reset(..., outputs_gate)` before anything reads them.
+    takes_outputs_gate: bool = False
 
 
 class VectorEnvStep(NamedTuple):
@@ -125,8 +139,56 @@ def reset_spreads_its_draw(fns: EnvStepFns, key: jax.Array, env_params: Any) -> 
         size <= SEPARATE_RESET_MAX_KEYED_BYTES)
 
 
+def outputs_work(fns: EnvStepFns, key: jax.Array, states: Any, actions: Any,
+                 env_params: Any) -> dict[str, set[str]] | None:
+    """`{name: primitives}` for each of `STEP_OUTPUTS` of one sub-env's step without reset
+    (`fns.step_no_reset`, traced on one sub-env of the batched `states` and `actions`):
+    the primitives it needs that the next state does not
+    (`core.dependence.primitives_only_for`); None when unknown."""
+    if fns.step_no_reset is None:
+        return None
+
+    def one_sub_env(tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], x.dtype), tree)
+
+    args = (key, one_sub_env(states), one_sub_env(actions), env_params)
+    work = {}
+    for name, position in zip(STEP_OUTPUTS, (0, 2, 3, 4)):
+        only = primitives_only_for(fns.step_no_reset, lambda out: out[position],
+                                   lambda out: out[1], *args)
+        if only is None:
+            return None
+        work[name] = only
+    return work
+
+
+def step_outputs_to_separate(fns: EnvStepFns, key: jax.Array, states: Any, actions: Any,
+                             env_params: Any) -> tuple[str, ...]:
+    """The outputs of each sub-env's step (names of `STEP_OUTPUTS`) that "gymnax" mode
+    computes in a kernel of their own on CPU (`separate_reset`): those whose work beyond
+    the next state's (`outputs_work`) has a transcendental function
+    (`TRANSCENDENTAL_PRIMITIVES`): Pendulum's observation (cos/sin of the new angle);
+    Acrobot's observation, reward and termination (cos/sin of the new angles); none of
+    CartPole's or MountainCar's (the state's fields and compares) or Breakout-MinAtar's
+    (a grid of compares and scatters). None when unknown.
+
+    XLA:CPU fuses such an output into each of its readers (the auto-reset's select of the
+    next observation, the final observation, the fault check, the record) and computes it
+    again in each: Pendulum's cos/sin in five fusions a step at 4096 sub-envs, Acrobot's
+    integration of the new angles inside the fault check's reduction. Computed apart, it
+    is computed once and read from memory (a few bytes a sub-env). Outputs without such
+    work and the next state stay with XLA: separating them too made Pendulum slower.
+    Measured on the 2-core CPU with runners built several ways in one process
+    (`benchmarks/separate_outputs.py`, `benchmarks/results/separate_outputs/`)."""
+    work = outputs_work(fns, key, states, actions, env_params)
+    if work is None:
+        return ()
+    return tuple(name for name in STEP_OUTPUTS if work[name] & TRANSCENDENTAL_PRIMITIVES)
+
+
 def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio: int,
-                  step_keys: bool = True, separate_resets: bool = False) -> VectorEnvStep:
+                  step_keys: bool = True, separate_resets: bool = False,
+                  separate_outputs: tuple[str, ...] = ()) -> VectorEnvStep:
     """The `VectorEnvStep` over the `B` sub-envs, with auto-reset in the same step (see the
     module docstring for the two modes and the keys).
 
@@ -139,20 +201,26 @@ def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio
     transition gets the step's first key, which it ignores.
 
     `separate_resets` (for "gymnax" with `fns.takes_reset_gate`): every sub-env's reset is
-    computed in a kernel of its own on CPU (`separate_reset`)."""
+    computed in a kernel of its own on CPU (`separate_reset`); `separate_outputs` (for
+    "gymnax" with `fns.takes_outputs_gate`; names of `STEP_OUTPUTS`): so are those
+    outputs of every sub-env's step, before anything reads them (see
+    `step_outputs_to_separate`)."""
+    unknown = set(separate_outputs) - set(STEP_OUTPUTS)
+    if unknown:
+        raise ValueError(f"separate_outputs takes names of {STEP_OUTPUTS}, got {sorted(unknown)}.")
     if mode not in AUTORESET_MODES:
         raise ValueError(f"autoreset_mode must be one of {AUTORESET_MODES}, got {mode!r}.")
     if mode == "gymnax":
         if fns.auto_step_with_keys is None:
             return VectorEnvStep(num_envs, jax.vmap(fns.auto_step, in_axes=(0, 0, 0, None)))
         auto_step = fns.auto_step_with_keys
-        if separate_resets and fns.takes_reset_gate:
-            def gated(step_key, reset_key, state, action, params, gate):
-                return fns.auto_step_with_keys(step_key, reset_key, state, action, params,
-                                               reset_gate=gate)
-        else:
-            def gated(step_key, reset_key, state, action, params, gate):
-                return auto_step(step_key, reset_key, state, action, params)
+        outputs = tuple(separate_outputs) if fns.takes_outputs_gate else ()
+
+        def gated(step_key, reset_key, state, action, params, gate):
+            gates = {"reset_gate": gate} if separate_resets and fns.takes_reset_gate else {}
+            if outputs:
+                gates.update(outputs_gate=gate, separated_outputs=outputs)
+            return auto_step(step_key, reset_key, state, action, params, **gates)
         # The gate is the same () bool for every sub-env (True, unknown to the compiler).
         if not step_keys:
             shared_key_step = jax.vmap(gated, in_axes=(None, 0, 0, 0, None, None))
@@ -206,8 +274,9 @@ def always_true(key: jax.Array) -> jax.Array:
 
 
 def separate_reset(tree: Any, gate: jax.Array) -> Any:
-    """`tree` (one sub-env's fresh `(obs, state)`), computed into memory in a kernel of its
-    own on CPU; `gate` is `always_true`'s () bool. Elsewhere `tree` itself.
+    """`tree` (one sub-env's fresh `(obs, state)`, or the observation, reward and flags of
+    its step), computed into memory in a kernel of its own on CPU; `gate` is
+    `always_true`'s () bool. Elsewhere `tree` itself.
 
     With the unrolled hash (`jaxrunner.lowering`) XLA:CPU fuses a reset's random draw
     into every fusion that selects one of its fields, computing the draw again in each,
@@ -215,8 +284,8 @@ def separate_reset(tree: Any, gate: jax.Array) -> Any:
     it (XLA:CPU expands barriers before fusion). A conditional the compiler cannot
     resolve does: the reset is drawn once, from the step's keys alone, so it can run
     beside the policy's forward pass. Same values either way (`gate` is always True).
-    Where it pays is measured, not known in advance: `reset_spreads_its_draw` says
-    where the runner uses it."""
+    Where it pays is measured, not known in advance: `reset_spreads_its_draw` and
+    `step_outputs_to_separate` say where the runner uses it."""
     def on_cpu(tree: Any, gate: jax.Array) -> Any:
         return jax.lax.cond(gate, lambda t: t, lambda t: jax.tree.map(jnp.zeros_like, t),
                             tree)
@@ -235,11 +304,17 @@ def _gymnax_auto_step_with_keys(env: Any, step_without_reset: Callable) -> Calla
     step without reset (`step_without_reset`, with the truncation check), a reset, the
     reset selected where the episode ended, and the step's info (`terminated`,
     `truncated`, `final_observation`)."""
-    def auto_step_with_keys(step_key, reset_key, state, action, params, reset_gate=None):
+    def auto_step_with_keys(step_key, reset_key, state, action, params, reset_gate=None,
+                            outputs_gate=None, separated_outputs=STEP_OUTPUTS):
         if params is None:
             params = env.default_params
         obs_step, state_step, reward, terminated, truncated, info = step_without_reset(
             step_key, state, action, params)
+        if outputs_gate is not None:
+            outputs = dict(zip(STEP_OUTPUTS, (obs_step, reward, terminated, truncated)))
+            outputs.update(separate_reset({name: outputs[name] for name in separated_outputs},
+                                          outputs_gate))
+            obs_step, reward, terminated, truncated = (outputs[name] for name in STEP_OUTPUTS)
         done = jnp.logical_or(terminated, truncated)
         obs_reset, state_reset = env.reset_env(reset_key, params)
         if reset_gate is not None:
@@ -275,10 +350,11 @@ def gymnax_step_fns(env: Any) -> EnvStepFns:
                       auto_step_with_keys=(
                           _gymnax_auto_step_with_keys(env, step_without_reset)
                           if has_base_gymnax_step(env) else None),
-                      takes_reset_gate=has_base_gymnax_step(env))
+                      takes_reset_gate=has_base_gymnax_step(env),
+                      takes_outputs_gate=has_base_gymnax_step(env))
 
 
-__all__ = ["AUTORESET_MODES", "EnvStepFns", "VectorEnvStep", "always_true",
-           "check_partial_autoreset_env", "gymnax_step_fns", "has_base_gymnax_step",
-           "make_env_step", "reset_spreads_its_draw", "select_where", "separate_reset",
-           "step_reads_key"]
+__all__ = ["AUTORESET_MODES", "EnvStepFns", "STEP_OUTPUTS", "TRANSCENDENTAL_PRIMITIVES",
+           "VectorEnvStep", "always_true", "check_partial_autoreset_env", "gymnax_step_fns",
+           "has_base_gymnax_step", "make_env_step", "outputs_work", "reset_spreads_its_draw",
+           "select_where", "separate_reset", "step_outputs_to_separate", "step_reads_key"]

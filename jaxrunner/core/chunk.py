@@ -56,7 +56,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrunner import lowering
-from jaxrunner.core.autoreset import make_env_step, reset_spreads_its_draw, step_reads_key
+from jaxrunner.core.autoreset import (STEP_OUTPUTS, make_env_step, reset_spreads_its_draw,
+                                     step_outputs_to_separate, step_reads_key)
 from jaxrunner.core.callbacks import EpisodeStart, batched_info, per_env_struct
 from jaxrunner.core.carry import ChunkInfo, MetricRegisters
 from jaxrunner.core.faults import recreate_failed, step_failed
@@ -71,6 +72,13 @@ POLICY_MODES = ("explore", "inference", "random")
 # the draw is a loop XLA does not fuse into its readers, and the separating conditional
 # only adds a branch of about 50 instructions to compile (CartPole's fused PPO).
 SEPARATE_RESETS: bool | str = "auto"
+# Which outputs of each sub-env's step (observation, reward, flags) "gymnax"-mode rollouts
+# compute in a kernel of their own on CPU, with either Threefry lowering: "auto" those
+# whose work beyond the next state's has a transcendental function
+# (`jaxrunner.core.autoreset.step_outputs_to_separate`: Pendulum's observation; Acrobot's
+# observation, reward and termination; none of CartPole's or Breakout-MinAtar's); True
+# (all four) and False (none) are for A/B benchmarks (`benchmarks/separate_outputs.py`).
+SEPARATE_STEP_OUTPUTS: bool | str = "auto"
 
 
 def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
@@ -221,9 +229,15 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             separate = (unrolled and lowering.unroll_for(num_envs)
                         and (SEPARATE_RESETS is True or SEPARATE_RESETS == "auto"
                              and reset_spreads_its_draw(step_fns, carry.key, env_params)))
+            if SEPARATE_STEP_OUTPUTS == "auto":
+                separate_outputs = step_outputs_to_separate(step_fns, carry.key,
+                                                            carry.env_state, actions, env_params)
+            else:
+                separate_outputs = STEP_OUTPUTS if SEPARATE_STEP_OUTPUTS else ()
             bound[name] = make_env_step(
                 step_fns, num_envs, spec.autoreset_mode, spec.partial_reset_ratio,
-                step_keys=step_keys, separate_resets=bool(separate))
+                step_keys=step_keys, separate_resets=bool(separate),
+                separate_outputs=separate_outputs)
         return bound[name]
 
     def bound_callbacks(carry: Any, params: Any, env_params: Any):

@@ -1,8 +1,9 @@
 """Which outputs of a traced function depend on which of its inputs, read from its jaxpr.
 
 The rollout core uses it to leave out work an env never reads (the per-sub-env step keys
-of an env whose step is deterministic); the Navix adapter to see whether a rendering cache
-depends on the reset key. The analysis is conservative: an equation that reads a
+of an env whose step is deterministic) and to see which primitives only an env's
+observation needs (`primitives_only_for`); the Navix adapter to see whether a rendering
+cache depends on the reset key. The analysis is conservative: an equation that reads a
 dependent value makes all its outputs dependent, nested jaxprs (cond, scan, pjit) included,
 so "independent" is always true and "dependent" may be a false alarm.
 """
@@ -57,4 +58,50 @@ def reads_first_argument(fn: Callable, first: Any, *rest: Any) -> bool:
     return True if keyed is None else bool(keyed)
 
 
-__all__ = ["outputs_depend_on", "outputs_reading_first", "reads_first_argument"]
+def _needed_equations(jaxpr: Any, outvars: Sequence[Any]) -> set[int]:
+    """Indices of the equations of `jaxpr` that `outvars` are computed from."""
+    needed = {v for v in outvars if not isinstance(v, Literal)}
+    equations = set()
+    for index in range(len(jaxpr.eqns) - 1, -1, -1):
+        eqn = jaxpr.eqns[index]
+        if any(v in needed for v in eqn.outvars):
+            equations.add(index)
+            needed.update(v for v in eqn.invars if not isinstance(v, Literal))
+    return equations
+
+
+def _primitive_names(eqn: Any) -> set[str]:
+    """The primitive of `eqn` and every primitive of the jaxprs nested in it."""
+    names = {eqn.primitive.name}
+    for param in eqn.params.values():
+        for sub in param if isinstance(param, (tuple, list)) else (param,):
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                for nested in inner.eqns:
+                    names |= _primitive_names(nested)
+    return names
+
+
+def primitives_only_for(fn: Callable, wanted: Callable[[Any], Any],
+                        others: Callable[[Any], Any], *args: Any) -> set[str] | None:
+    """The primitive names (nested jaxprs' included) of the equations of `fn(*args)` that
+    the outputs `wanted(outputs)` are computed from and the outputs `others(outputs)` are
+    not: the work only `wanted` needs. `wanted` and `others` pick pytrees out of `fn`'s
+    output pytree. Traced with the arguments' shapes and dtypes; None when `fn` cannot be
+    traced on its own."""
+    try:
+        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*(_abstract(a) for a in args))
+    except Exception:  # noqa: BLE001 - unknown: the caller keeps its default
+        return None
+    jaxpr = closed.jaxpr
+    positions = jax.tree.unflatten(jax.tree.structure(shape), range(len(jaxpr.outvars)))
+
+    def pick(select: Callable[[Any], Any]) -> list[Any]:
+        return [jaxpr.outvars[i] for i in jax.tree.leaves(select(positions))]
+
+    only = _needed_equations(jaxpr, pick(wanted)) - _needed_equations(jaxpr, pick(others))
+    return set().union(*(_primitive_names(jaxpr.eqns[i]) for i in only))
+
+
+__all__ = ["outputs_depend_on", "outputs_reading_first", "primitives_only_for",
+           "reads_first_argument"]
