@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 from typing import Any
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -80,8 +80,10 @@ def targets_table(results: dict[str, Any]) -> str:
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    path = argv[0] if argv else os.path.join(RESULTS, "suite.json")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("suite_json", nargs="?", default=os.path.join(RESULTS, "suite.json"),
+                        help="a suite run's JSON (default: benchmarks/results/suite.json)")
+    path = parser.parse_args(argv).suite_json
     with open(path) as f:
         results = json.load(f)
     print(targets_table(results))

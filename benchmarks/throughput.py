@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--random-actions", action="store_true")
     parser.add_argument("--connectors", action="store_true",
-                        help="also measure MeanStdFilter + FrameStacking (issue: <= 10% cost)")
+                        help="also measure MeanStdFilter + FrameStacking (issue: <= 10%% cost)")
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
                                                          "throughput.json"))
     args = parser.parse_args()

@@ -78,13 +78,16 @@ def test_make_scan_rollout__matches_a_python_loop_over_the_same_functions():
     assert obs[0, 0] == num_steps % 3
 
 
-@pytest.mark.parametrize("script, case, sides, auto", [
-    ("separate_outputs.py", "Pendulum-v1:4", {"fused", "auto", "all"}, ["obs"]),
-    ("separate_resets.py", "CartPole-v1:4", {"fused", "separate"}, True)])
+@pytest.mark.parametrize("script, case, sides, extra", [
+    ("separate_outputs.py", "Pendulum-v1:4", {"fused", "auto", "all"},
+     ("auto_separates", ["obs"])),
+    ("separate_resets.py", "CartPole-v1:4", {"fused", "separate"}, ("auto_separates", True)),
+    ("proven_finite.py", "Breakout-MinAtar:4", {"proven", "tested", "check_off"},
+     ("proven", [True]))])
 def test_same_process_ab_scripts__write_every_side_and_the_default_they_pick(
-        tmp_path, script, case, sides, auto):
+        tmp_path, script, case, sides, extra):
     """The same-process A/B scripts run a tiny case end to end: every side's ratio to the
-    bare scan and which variant the default picks for the env."""
+    bare scan and what the default picks for the env."""
     import json
     import os
     import subprocess
@@ -99,4 +102,37 @@ def test_same_process_ab_scripts__write_every_side_and_the_default_they_pick(
     (measured,) = result["cases"]
     assert set(measured["ratio_to_bare_scan"]) == sides
     assert all(ratio > 0 for ratio in measured["ratio_to_bare_scan"].values())
-    assert measured["auto_separates"] == auto
+    key, value = extra
+    assert measured[key] == value
+
+
+def _benchmark_scripts() -> list[str]:
+    import os
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "benchmarks")
+    scripts = []
+    for name in sorted(os.listdir(folder)):  # the runnable ones (not the shared helpers)
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name)) as f:
+                if 'if __name__ == "__main__":' in f.read():
+                    scripts.append(name)
+    return scripts
+
+
+@pytest.mark.parametrize("script", _benchmark_scripts())
+def test_benchmark_scripts__help_prints_and_exits_cleanly(script, monkeypatch, capsys):
+    """`python benchmarks/<script> --help` prints its usage (argparse formats every help
+    string then: a stray `%` in one fails here) and exits 0 without running anything."""
+    import os
+    import runpy
+    import sys
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", script)
+    monkeypatch.setattr(sys, "argv", [path, "--help"])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(path, run_name="__main__")
+    assert exited.value.code in (0, None)
+    assert "usage" in capsys.readouterr().out

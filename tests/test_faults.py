@@ -135,6 +135,25 @@ def test_env_that_fails_forever_stops_with_a_clear_error():
         runner.sample(num_timesteps=640)
 
 
+class _EveryEpisodeFails(CartPole):
+    """CartPole whose every episode fails at its third step (recreated, it runs again)."""
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, done, info = super().step_env(key, state, action, params)
+        return obs, state, reward, done, mark_step_failed(info, state.time == 3)
+
+
+@pytest.mark.timeout(120)
+def test_env_whose_every_episode_fails_stops_with_a_clear_error_instead_of_topping_up():
+    config = _config().environment(_EveryEpisodeFails())
+    runner = jr.SingleAgentEnvRunner(config=config)
+    with pytest.raises(RuntimeError, match="nearly every episode fails"):
+        runner.sample(num_timesteps=640)
+    # The runner still works: a call small enough for the steps in flight returns them.
+    batch = runner.sample(num_timesteps=64)
+    assert batch.env_steps >= 64
+
+
 def test_fault_check_does_not_change_clean_runs():
     clean = jr.SingleAgentEnvRunner(config=_config().environment("CartPole-v1"))
     unchecked = jr.SingleAgentEnvRunner(config=_config(check_finite=False).environment(

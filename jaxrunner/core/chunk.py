@@ -60,7 +60,8 @@ from jaxrunner.core.autoreset import (STEP_OUTPUTS, make_env_step, reset_spreads
                                      step_outputs_to_separate, step_reads_key)
 from jaxrunner.core.callbacks import EpisodeStart, batched_info, per_env_struct
 from jaxrunner.core.carry import ChunkInfo, MetricRegisters
-from jaxrunner.core.faults import recreate_failed, step_failed
+from jaxrunner.core.faults import has_large_float_leaf, recreate_failed, step_failed
+from jaxrunner.core.finiteness import provably_finite
 from jaxrunner.core.ring import write_ring
 
 POLICY_MODES = ("explore", "inference", "random")
@@ -79,6 +80,10 @@ SEPARATE_RESETS: bool | str = "auto"
 # observation, reward and termination; none of CartPole's or Breakout-MinAtar's); True
 # (all four) and False (none) are for A/B benchmarks (`benchmarks/separate_outputs.py`).
 SEPARATE_STEP_OUTPUTS: bool | str = "auto"
+# The fault check leaves out the observation leaves the env builds finite by construction
+# (`obs_known_finite` in `make_chunk_fns`). False checks them anyway: for A/B benchmarks
+# (`benchmarks/proven_finite.py`).
+PROVE_OBS_FINITE = True
 
 
 def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
@@ -240,6 +245,24 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
                 separate_outputs=separate_outputs)
         return bound[name]
 
+    def obs_known_finite(env_step: Any, keys: Any, carry: Any, env_actions: Any,
+                         env_params: Any) -> Any:
+        """The final observation's leaves that are finite by construction (a pytree of
+        bools, `core.finiteness.provably_finite` on the vector step), or None: read once,
+        and only when the fault check tests a leaf apart (`faults.has_large_float_leaf`),
+        so a small observation's env pays no extra trace."""
+        if "obs_known_finite" not in bound:
+            known = None
+            if spec.check_finite and PROVE_OBS_FINITE and has_large_float_leaf(carry.obs):
+                def final_obs_of(k, state, actions, p):
+                    next_obs, _, _, _, _, info = env_step.step(k, state, actions, p)
+                    return info.get("final_observation", next_obs)
+
+                known = provably_finite(final_obs_of, keys, carry.env_state, env_actions,
+                                        env_params)
+            bound["obs_known_finite"] = known
+        return bound["obs_known_finite"]
+
     def bound_callbacks(carry: Any, params: Any, env_params: Any):
         """The device callbacks bound to this layout's step view (traced once)."""
         if "callbacks" not in bound:
@@ -278,7 +301,9 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         final_obs = info.get("final_observation", next_obs)
         reward, terminated, truncated, all_terminated, all_truncated = layout.outcome(
             reward, terminated, truncated)
-        failed = step_failed(info, reward, final_obs, num_envs, spec.check_finite)
+        failed = step_failed(info, reward, final_obs, num_envs, spec.check_finite,
+                             obs_known_finite(env_step, keys[2:], carry, env_actions,
+                                              env_params))
         if spec.restart_failed_sub_environments:
             env_state, next_obs, key = recreate_failed(
                 failed, env_state, next_obs, key, lambda k: reset_all(k, env_params))

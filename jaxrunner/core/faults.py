@@ -2,9 +2,11 @@
 
 A sub-env fails at a step when its env sets `info[FAILURE_INFO_KEY]` (see
 `mark_step_failed`) or, with `check_finite`, returns a non-finite observation or reward.
-With restarts on, only the failed sub-envs are recreated (fresh reset, fresh key) under
-one scalar `cond`, which costs nothing while no sub-env fails; the layout discards the
-failed episode (for every agent) and the chunk counts it.
+Observation leaves that the env builds finite by construction (read from its step's
+jaxpr, `core.finiteness`) are not tested. With restarts on, only the failed sub-envs are
+recreated (fresh reset, fresh key) under one scalar `cond`, which costs nothing while no
+sub-env fails; the layout discards the failed episode (for every agent) and the chunk
+counts it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 FAILURE_INFO_KEY = "env_step_failed"  # set by an env in its step info to report a failure
 
@@ -77,13 +80,28 @@ def all_finite(tree: Any) -> jax.Array | None:
     return ok
 
 
+def has_large_float_leaf(tree: Any) -> bool:
+    """Whether a floating leaf of `tree` (`(B, ...)` leaves) holds more than
+    `CONCATENATED_CHECK_MAX_BYTES` a sub-env: one the check tests apart, with a reduction
+    over it every step (the leaves worth proving finite, `core.finiteness`)."""
+    return any(jnp.issubdtype(leaf.dtype, jnp.floating)
+               and int(np.prod(leaf.shape[1:])) * leaf.dtype.itemsize
+               > CONCATENATED_CHECK_MAX_BYTES for leaf in jax.tree.leaves(tree))
+
+
 def step_failed(info: dict, rewards: Any, final_obs: Any, num_envs: int,
-                check_finite: bool) -> jax.Array:
+                check_finite: bool, obs_known_finite: Any = None) -> jax.Array:
     """(B,) bool: the sub-envs that failed at this step (flag, or non-finite rewards or
-    final observations when `check_finite`)."""
+    final observations when `check_finite`). `obs_known_finite`: a pytree of bools like
+    `final_obs` (or None): its True leaves are finite by construction
+    (`core.finiteness.provably_finite`) and are not tested."""
     failed = jnp.broadcast_to(jnp.asarray(info.get(FAILURE_INFO_KEY, False), jnp.bool_),
                               (num_envs,))
     if check_finite:
+        if obs_known_finite is not None:
+            final_obs = [leaf for leaf, known in zip(jax.tree.leaves(final_obs),
+                                                     jax.tree.leaves(obs_known_finite))
+                         if not known]
         finite = all_finite((rewards, final_obs))
         if finite is not None:
             failed = failed | ~finite
@@ -113,5 +131,5 @@ def recreate_failed(failed: jax.Array, env_state: Any, obs: Any, key: jax.Array,
 
 
 __all__ = ["CONCATENATED_CHECK_MAX_BYTES", "FAILURE_INFO_KEY", "SMALL_LEAVES_CHECK", "all_finite",
-           "mark_step_failed", "recreate_failed", "select_rows", "small_leaves_check",
-           "step_failed"]
+           "has_large_float_leaf", "mark_step_failed", "recreate_failed", "select_rows",
+           "small_leaves_check", "step_failed"]

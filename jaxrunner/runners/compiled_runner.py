@@ -62,6 +62,10 @@ CONNECTOR_COMPONENTS = (COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_E
 # An agent_steps-mode sample() gives up after this many vector steps without any agent
 # step completing (an env whose agents never get an observation nor finish).
 MAX_IDLE_VECTOR_STEPS = 100_000
+# A timestep-mode sample() gives up when it has discarded more than this many env steps of
+# failed episodes for each env step it was asked for (an env whose episodes nearly all fail
+# would otherwise top up forever).
+MAX_DISCARDED_PER_ASKED_STEP = 100
 # `steps_per_loop_check="auto"` off CPU: a chunk tests its stop condition every this many
 # vector steps (see `jaxrunner.core.chunk.scan_while`).
 ACCELERATOR_STEPS_PER_LOOP_CHECK = 16
@@ -554,6 +558,17 @@ class CompiledEnvRunner(EnvRunner):
                     discarded += self._book_failures(jax.device_get(infos[first_new:]),
                                                      call_offset)
                 returned = vector_steps * self.num_envs - discarded
+                if returned < num_timesteps and (
+                        discarded > MAX_DISCARDED_PER_ASKED_STEP * num_timesteps):
+                    self._needs_reset = True
+                    raise RuntimeError(
+                        f"sample(num_timesteps={num_timesteps}) on runner {self.worker_index} "
+                        f"(env {self.env_name!r}) discarded {discarded} env steps of failed "
+                        f"episodes and has returned {max(returned, 0)}: nearly every episode "
+                        "fails (a failure flag or, with check_finite, a non-finite "
+                        "observation or reward). Fix the env, or set config.fault_tolerance("
+                        "check_finite=False) if its non-finite values are expected."
+                    )
                 if returned < num_timesteps:
                     # Failed episodes were discarded (with restart) or a chunk stopped
                     # early: top up to the promised size.
