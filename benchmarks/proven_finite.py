@@ -25,7 +25,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_process_ab
 
-from same_process_ab import HIDDENS, NUM_STEPS, ab_main, runner_and_bare  # noqa: E402
+from same_process_ab import (HIDDENS, NUM_STEPS, ab_main, gymnax_step_args,  # noqa: E402
+                             runner_and_bare)
 
 from jaxrunner.benchmarking import make_jaxrunner, switched  # noqa: E402
 from jaxrunner.core import chunk  # noqa: E402
@@ -48,15 +49,11 @@ def _sides(env_id: str, num_envs: int) -> dict:
 
 def _proven(env_id: str) -> list[bool]:
     """Per leaf of the env's observation: finite by construction."""
-    import gymnax
     import jax
 
     from jaxrunner.core.finiteness import provably_finite
 
-    env, params = gymnax.make(env_id)
-    key = jax.random.key(0)
-    _, state = env.reset_env(key, params)
-    action = env.action_space(params).sample(key)
+    env, params, key, state, action = gymnax_step_args(env_id)
     return jax.tree.leaves(provably_finite(lambda k, s, a: env.step_env(k, s, a, params)[0],
                                            key, state, action))
 

@@ -51,6 +51,19 @@ def runner_and_bare(env_id: str, num_envs: int) -> tuple:
     return runner, bare
 
 
+def gymnax_step_args(env_id: str) -> tuple:
+    """`(env, params, key, state, action)`: a gymnax env, its default params and one
+    step's arguments (a key, the state after a reset, a sampled action), for reading what
+    the defaults pick from the env's step."""
+    import gymnax
+    import jax
+
+    env, params = gymnax.make(env_id)
+    key = jax.random.key(0)
+    _, state = env.reset_env(key, params)
+    return env, params, key, state, env.action_space(params).sample(key)
+
+
 def parse_ab_args(description: str, default_cases: tuple, default_output: str
                   ) -> tuple[tuple, int, str]:
     """`(cases, rounds, output)` from the command line of an A/B script of this kind."""

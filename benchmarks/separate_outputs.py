@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_process_ab
 
-from same_process_ab import ab_main, runner_and_bare  # noqa: E402
+from same_process_ab import ab_main, gymnax_step_args, runner_and_bare  # noqa: E402
 from jaxrunner.benchmarking import switched  # noqa: E402
 from jaxrunner.core import chunk  # noqa: E402
 
@@ -48,16 +48,12 @@ def _sides(env_id: str, num_envs: int) -> dict:
 
 def _auto_separates(env_id: str) -> list[str]:
     """The outputs of this env's step the default ("auto") separates."""
-    import gymnax
     import jax
     import jax.numpy as jnp
 
     from jaxrunner.core.autoreset import gymnax_step_fns, step_outputs_to_separate
 
-    env, params = gymnax.make(env_id)
-    key = jax.random.key(0)
-    _, state = env.reset_env(key, params)
-    action = env.action_space(params).sample(key)
+    env, params, key, state, action = gymnax_step_args(env_id)
     batched = lambda tree: jax.tree.map(lambda x: jnp.asarray(x)[None], tree)  # noqa: E731
     return list(step_outputs_to_separate(gymnax_step_fns(env), key, batched(state),
                                          batched(action), params))

@@ -83,7 +83,9 @@ def test_make_scan_rollout__matches_a_python_loop_over_the_same_functions():
      ("auto_separates", ["obs"])),
     ("separate_resets.py", "CartPole-v1:4", {"fused", "separate"}, ("auto_separates", True)),
     ("proven_finite.py", "Breakout-MinAtar:4", {"proven", "tested", "check_off"},
-     ("proven", [True]))])
+     ("proven", [True])),
+    ("narrow_store.py", "Breakout-MinAtar:4", {"narrow", "float"},
+     ("store_dtypes", ["uint8"]))])
 def test_same_process_ab_scripts__write_every_side_and_the_default_they_pick(
         tmp_path, script, case, sides, extra):
     """The same-process A/B scripts run a tiny case end to end: every side's ratio to the

@@ -40,7 +40,9 @@ the spec has none, none of this is traced: the chunk is the same program.
 
 Optionally a layout has `row_store`, an object that keeps part of the per-step record
 out of the `(T, ...)` buffers in a fixed-size store carried through the scan (the
-single-agent final observations, `core.final_obs`): `init(record_shape, extra_shape) -> state`,
+single-agent final observations, `core.final_obs`): `init(record_shape, extra_shape,
+obs_dtypes) -> state` (`obs_dtypes`: None, or the narrower dtypes that hold the
+observation leaves exactly, `core.value_range.storage_dtypes`),
 `strip(record) -> record` (the record the buffers hold), `write(state, record, extra) ->
 (state, record)`, `room(state) -> bool` (the chunk stops early when False),
 `finish(state, traj, carry) -> traj` and `end_rows(state) -> core.final_obs.EndRows` (the
@@ -63,6 +65,7 @@ from jaxrunner.core.carry import ChunkInfo, MetricRegisters
 from jaxrunner.core.faults import has_large_float_leaf, recreate_failed, step_failed
 from jaxrunner.core.finiteness import provably_finite
 from jaxrunner.core.ring import write_ring
+from jaxrunner.core.value_range import storage_dtypes
 
 POLICY_MODES = ("explore", "inference", "random")
 # Whether rollouts compiled with the unrolled hash compute each sub-env's reset in a kernel
@@ -84,6 +87,11 @@ SEPARATE_STEP_OUTPUTS: bool | str = "auto"
 # (`obs_known_finite` in `make_chunk_fns`). False checks them anyway: for A/B benchmarks
 # (`benchmarks/proven_finite.py`).
 PROVE_OBS_FINITE = True
+# A layout's row store keeps the observation leaves the env only ever fills with small
+# integers in the narrowest integer dtype that holds them exactly (`store_dtypes` in
+# `make_chunk_fns`; MinAtar's float32 grids in uint8: a quarter of the bytes). False keeps
+# the observation's own dtypes: for A/B benchmarks (`benchmarks/narrow_store.py`).
+NARROW_ROW_STORE = True
 
 
 def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
@@ -263,6 +271,27 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             bound["obs_known_finite"] = known
         return bound["obs_known_finite"]
 
+    def store_dtypes(env_step: Any, keys: Any, carry: Any, env_actions: Any,
+                     env_params: Any) -> None:
+        """Reads once, into `bound["store_dtypes"]`, the dtypes the row store keeps the
+        observation leaves in (`core.value_range.storage_dtypes` on the vector step's next
+        and final observations, which the store holds), or None (the observation's own):
+        only for a layout with a row store and a large floating observation leaf
+        (`faults.has_large_float_leaf`), so a small observation's env pays no extra trace."""
+        if "store_dtypes" in bound:
+            return
+        dtypes = None
+        if (NARROW_ROW_STORE and getattr(layout, "row_store", None) is not None
+                and has_large_float_leaf(carry.obs)):
+            def stored_obs(k, state, actions, p):
+                next_obs, _, _, _, _, info = env_step.step(k, state, actions, p)
+                final_obs = info.get("final_observation", next_obs)
+                return jax.tree.map(lambda x, y: jnp.stack([x, y]), next_obs, final_obs)
+
+            dtypes = storage_dtypes(stored_obs, keys, carry.env_state, env_actions,
+                                    env_params)
+        bound["store_dtypes"] = dtypes
+
     def bound_callbacks(carry: Any, params: Any, env_params: Any):
         """The device callbacks bound to this layout's step view (traced once)."""
         if "callbacks" not in bound:
@@ -304,6 +333,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         failed = step_failed(info, reward, final_obs, num_envs, spec.check_finite,
                              obs_known_finite(env_step, keys[2:], carry, env_actions,
                                               env_params))
+        store_dtypes(env_step, keys[2:], carry, env_actions, env_params)
         if spec.restart_failed_sub_environments:
             env_state, next_obs, key = recreate_failed(
                 failed, env_state, next_obs, key, lambda k: reset_all(k, env_params))
@@ -389,7 +419,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
 
         zero = jnp.zeros((), jnp.int32)
         rows = () if store is None else store.init(
-            record_shape, values_shape if values_in_store else None)
+            record_shape, values_shape if values_in_store else None, bound["store_dtypes"])
         if store is not None:
             record_shape = store.strip(record_shape)
         buffers_shape = record_shape.replace(valid=None)

@@ -48,7 +48,10 @@ class FinalObsStore:
 
     `index`: `(S,)` int32, flat position `t * B + b` of each row in its `(T, B)`
     trajectory, `UNUSED` (-1) for an empty row; `obs`: pytree like the observations,
-    leaves `(S, *obs_shape)`. Positions are unique."""
+    leaves `(S, *obs_shape)`, in the observation's dtype or a narrower integer dtype that
+    holds every row exactly (`core.value_range.storage_dtypes`: MinAtar's float32 grids
+    in uint8); `dense_final_obs` and the host episodes widen them back. Positions are
+    unique."""
 
     index: jax.Array
     obs: Any

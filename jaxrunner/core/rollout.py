@@ -225,8 +225,13 @@ class _FinalObsRows:
     def __init__(self, num_envs: int, slots: int):
         self.writer = FinalObsWriter(num_envs, slots)
 
-    def init(self, record_shape: Trajectory, extra_shape=None):
+    def init(self, record_shape: Trajectory, extra_shape=None, obs_dtypes=None):
+        """`obs_dtypes`: the dtypes to keep the observation leaves in (each holding every
+        value exactly, `core.value_range.storage_dtypes`), or None: their own."""
         _, final_obs = record_shape.final_obs_store
+        if obs_dtypes is not None:
+            final_obs = jax.tree.map(lambda s, d: jax.ShapeDtypeStruct(s.shape, d),
+                                     final_obs, obs_dtypes)
         return self.writer.init(final_obs, extra_shape)
 
     @staticmethod

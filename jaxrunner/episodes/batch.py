@@ -124,7 +124,8 @@ class EpisodeBatch(Sequence):
             """The final observation of taken step `t` (of `traj`) on sub-env `b`."""
             row = final_row.get(int(taken[t]) * self.num_envs + b)
             if row is not None:
-                return jax.tree.map(lambda x: x[row], store.obs)
+                # A store may keep the rows in a narrower dtype holding them exactly.
+                return jax.tree.map(lambda x, o: x[row].astype(o.dtype), store.obs, traj.obs)
             return jax.tree.map(lambda x: x[t + 1, b], traj.obs)  # the episode goes on
         done = traj.terminated | traj.truncated  # (T, B)
         failed = traj.failed  # (T, B): the episode ending here is discarded

@@ -1,0 +1,140 @@
+"""Observations that only hold small integers (`jaxrunner.core.value_range`): the jaxpr
+analysis, and the final-observation store that keeps such leaves in a narrow integer
+dtype without changing a sample."""
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+from jaxrunner.benchmarking import switched
+from jaxrunner.core import chunk
+from jaxrunner.core.value_range import storage_dtypes
+
+INT = jax.ShapeDtypeStruct((6,), jnp.int32)
+INT8 = jax.ShapeDtypeStruct((6,), jnp.int8)
+FLOAT = jax.ShapeDtypeStruct((6,), jnp.float32)
+BOOL = jax.ShapeDtypeStruct((6,), jnp.bool_)
+F32, U8, I8, U16 = (jnp.dtype(d) for d in (jnp.float32, jnp.uint8, jnp.int8, jnp.uint16))
+
+
+def _grid(b):
+    return b.astype(jnp.float32)
+
+
+@pytest.mark.parametrize("fn, arg, dtype", [
+    (_grid, BOOL, U8),
+    (lambda b: b.astype(jnp.float16), BOOL, U8),
+    (lambda i: i.astype(jnp.float32), INT8, I8),
+    (lambda i: i.astype(jnp.float32), INT, F32),  # int32's range: not exact, not narrow
+    (lambda i: jnp.clip(i, 0, 200).astype(jnp.float32), INT, U8),
+    (lambda i: jnp.clip(i, 0, 60000).astype(jnp.float32), INT, U16),
+    (lambda i: jnp.clip(i, 0, 70000).astype(jnp.float32), INT, F32),  # no 16-bit dtype
+    # bfloat16 rounds integers above 256: what comes back is not the integer put in.
+    (lambda i: jnp.clip(i, 0, 1000).astype(jnp.bfloat16).astype(jnp.float32), INT, F32),
+    (lambda b: (b.astype(jnp.int32) + b.astype(jnp.int32)).astype(jnp.float32), BOOL, U8),
+    (lambda b: (b.astype(jnp.int32) * -3).astype(jnp.float32), BOOL, I8),
+    (lambda i: (i.astype(jnp.int32) * 1000).astype(jnp.float32), INT8, F32),
+    (lambda x: x, FLOAT, F32),  # a floating input can hold anything
+    (lambda x: jnp.round(x), FLOAT, F32),
+    (lambda b: _grid(b) * 2.0, BOOL, F32),  # float arithmetic: not followed
+    (lambda b: _grid(b) + 0.5, BOOL, F32),
+    (lambda b: -_grid(b), BOOL, F32),  # -0.0 would come back as +0.0
+    (lambda b: jnp.where(b, 2.0, -0.0), BOOL, F32),
+    (lambda b: jnp.where(b, 2.0, 0.5), BOOL, F32),  # a fraction
+    (lambda b: jnp.where(b, 2.0, jnp.nan), BOOL, F32),
+    (lambda b: jnp.where(b, 3.0, -1.0), BOOL, I8),
+    (lambda b: jnp.abs(jnp.where(b, 3.0, -7.0)), BOOL, U8),
+    (lambda b: jnp.floor(_grid(b)), BOOL, U8),
+    (lambda b: jnp.maximum(_grid(b), 4.0), BOOL, U8),
+    (lambda b: jnp.concatenate([_grid(b), jnp.full(2, 9.0)]), BOOL, U8),
+    (lambda b: jnp.stack([_grid(b), _grid(~b)]).T.reshape(-1)[::2], BOOL, U8),
+    (lambda b: jnp.zeros((2, 6)).at[1].set(_grid(b)).sum(0), BOOL, F32),  # a sum
+    (lambda b: jnp.zeros((2, 6)).at[1].set(_grid(b)), BOOL, U8),
+    (lambda b: jnp.pad(_grid(b), 2, constant_values=5.0), BOOL, U8),
+    (lambda b: _grid(b).at[jnp.array([1, 9])].get(mode="fill"), BOOL, F32),  # NaN fill
+    (lambda b: _grid(b).at[jnp.array([1, 9])].get(mode="fill", fill_value=0.0), BOOL, U8),
+    (lambda b: jnp.full(3, _grid(b)[jnp.argmax(b)]), BOOL, U8),
+    (lambda b: jnp.sort(_grid(b)), BOOL, U8),
+    (lambda b: jax.jit(_grid)(b), BOOL, U8),
+    (lambda b: jax.lax.cond(b[0], _grid, lambda c: jnp.full(6, 7.0), b), BOOL, U8),
+    (lambda b: jax.lax.cond(b[0], _grid, lambda c: jnp.full(6, 0.25), b), BOOL, F32),
+    (lambda b: jax.lax.fori_loop(0, 3, lambda _, c: jnp.maximum(c, _grid(b)), jnp.zeros(6)),
+     BOOL, U8),
+    # A counter that grows every step: widened to int32's range, then not exact.
+    (lambda b: jax.lax.fori_loop(0, 3, lambda _, c: c + 1, b.astype(jnp.int32)
+                                 ).astype(jnp.float32), BOOL, F32),
+    (lambda b: jax.lax.scan(lambda c, _: (~c, _grid(c)), b, None, length=4)[1], BOOL, U8),
+])
+def test_storage_dtypes__per_rule(fn, arg, dtype):
+    assert storage_dtypes(fn, arg) == dtype
+    if dtype != F32:  # the narrow dtype holds every value of a concrete run exactly
+        value = jax.jit(fn)(_concrete(arg))
+        np.testing.assert_array_equal(value.astype(dtype).astype(value.dtype), value)
+
+
+def _concrete(arg):
+    values = np.array([0, 1, 1, 0, 127, -128]) if arg.dtype != jnp.bool_ else np.array(
+        [True, False, True, True, False, False])
+    return jnp.asarray(values, arg.dtype)
+
+
+def test_storage_dtypes__a_pytree_of_leaves_and_none_for_an_untraceable_fn():
+    out = storage_dtypes(lambda b: {"grid": _grid(b), "x": _grid(b) * 1.5, "n": b}, BOOL)
+    assert out == {"grid": U8, "x": F32, "n": jnp.dtype(jnp.bool_)}
+
+    def untraceable(b):
+        raise TypeError("not traceable")
+
+    assert storage_dtypes(untraceable, BOOL) is None
+
+
+@pytest.mark.parametrize("env_id, dtype", [
+    ("Breakout-MinAtar", U8), ("Asterix-MinAtar", U8), ("Freeway-MinAtar", U8),
+    ("SpaceInvaders-MinAtar", U8), ("CartPole-v1", F32), ("Pendulum-v1", F32),
+    ("Acrobot-v1", F32),
+])
+def test_storage_dtypes__gymnax_observations(env_id, dtype):
+    env, params = gymnax.make(env_id)
+    key = jax.random.key(0)
+    _, state = env.reset(key, params)
+    action = env.action_space(params).sample(key)
+    # The auto-resetting step: the final observation and the next one.
+    assert storage_dtypes(lambda k, s, a: env.step(k, s, a, params)[0], key, state,
+                          action) == dtype
+
+
+def _config(env_id="Breakout-MinAtar", num_envs=32):
+    return (jr.RunnerConfig().environment(env_id)
+            .env_runners(num_envs_per_env_runner=num_envs, rollout_fragment_length=64)
+            .rl_module(model_config={"fcnet_hiddens": [16]}).debugging(seed=3))
+
+
+def test_runner__minatar_store_kept_in_uint8_with_the_same_samples():
+    narrow = jr.SingleAgentEnvRunner(config=_config())
+    with switched(chunk, "NARROW_ROW_STORE", False):  # read at the chunk's first trace
+        wide = jr.SingleAgentEnvRunner(config=_config())
+        b_batch = wide.sample(num_timesteps=32 * 130)
+    a_batch = narrow.sample(num_timesteps=32 * 130)
+    stores = [c.final_obs_store.obs.dtype for c in (a_batch.chunks[0], b_batch.chunks[0])]
+    assert stores == [U8, F32]
+    a, b = jax.device_get((a_batch.trajectory(), b_batch.trajectory()))
+    for field in ("obs", "final_obs", "actions", "rewards", "terminated", "truncated"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    assert a.final_obs.dtype == np.float32 and a.terminated.any()
+    # The host episodes read the store's rows one by one: float32 and the same.
+    episodes_a, episodes_b = list(a_batch), list(b_batch)
+    assert len(episodes_a) == len(episodes_b) > 32
+    for x, y in zip(episodes_a, episodes_b):
+        obs_x, obs_y = np.asarray(x.get_observations()), np.asarray(y.get_observations())
+        assert obs_x.dtype == np.float32
+        np.testing.assert_array_equal(obs_x, obs_y)
+    assert narrow.get_metrics()["episode_return_mean"] == wide.get_metrics()[
+        "episode_return_mean"]
+
+
+def test_runner__a_small_or_fractional_observation_keeps_its_dtype():
+    runner = jr.SingleAgentEnvRunner(config=_config("CartPole-v1", num_envs=4))
+    assert runner.sample(num_timesteps=40).chunks[0].final_obs_store.obs.dtype == F32
