@@ -6,12 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gymnax.environments import environment
 
 import jaxrunner as jr
 from jaxrunner.benchmarking import switched
 from jaxrunner.core import chunk
 from jaxrunner.core.finiteness import provably_finite
+from minatar_helpers import NanOnceBreakout
 
 INT = jax.ShapeDtypeStruct((3,), jnp.int32)
 FLOAT = jax.ShapeDtypeStruct((3,), jnp.float32)
@@ -118,36 +118,8 @@ def test_runner__minatar_observation_left_out_of_the_check_with_the_same_samples
         "episode_return_mean"]
 
 
-class _NanOnceBreakout(environment.Environment):
-    """Breakout-MinAtar whose observation holds a NaN at the step where time is 5 and the
-    ball's column is even: large (1,600 bytes a sub-env) and not finite by construction,
-    so the check still tests it."""
-
-    def __init__(self):
-        self.inner, _ = gymnax.make("Breakout-MinAtar")
-
-    @property
-    def default_params(self):
-        return self.inner.default_params
-
-    def step_env(self, key, state, action, params):
-        obs, state, reward, done, info = self.inner.step_env(key, state, action, params)
-        poisoned = (state.time == 5) & (state.ball_x % 2 == 0)
-        obs = obs.at[0, 0, 0].set(jnp.where(poisoned, jnp.nan, obs[0, 0, 0]))
-        return obs, state, reward, done, info
-
-    def reset_env(self, key, params):
-        return self.inner.reset_env(key, params)
-
-    def action_space(self, params=None):
-        return self.inner.action_space(params)
-
-    def observation_space(self, params):
-        return self.inner.observation_space(params)
-
-
 def test_runner__a_large_observation_not_proven_finite_is_still_checked():
-    env = _NanOnceBreakout()
+    env = NanOnceBreakout()
     config = (_minatar_config(num_envs=8).environment(env)
               .fault_tolerance(restart_failed_sub_environments=True))
     runner = jr.SingleAgentEnvRunner(config=config)

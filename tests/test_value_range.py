@@ -11,7 +11,12 @@ import pytest
 import jaxrunner as jr
 from jaxrunner.benchmarking import switched
 from jaxrunner.core import chunk
+from jaxrunner.core.dependence import trace_abstract
 from jaxrunner.core.value_range import storage_dtypes
+from minatar_helpers import NanOnceBreakout
+
+# A constant a jitted function closes over: its values, not its finiteness, decide.
+HALVES, TWOS = jnp.full(6, 0.5), jnp.full(6, 2.0)
 
 INT = jax.ShapeDtypeStruct((6,), jnp.int32)
 INT8 = jax.ShapeDtypeStruct((6,), jnp.int8)
@@ -56,6 +61,11 @@ def _grid(b):
     (lambda b: jnp.pad(_grid(b), 2, constant_values=5.0), BOOL, U8),
     (lambda b: _grid(b).at[jnp.array([1, 9])].get(mode="fill"), BOOL, F32),  # NaN fill
     (lambda b: _grid(b).at[jnp.array([1, 9])].get(mode="fill", fill_value=0.0), BOOL, U8),
+    # An integer gather's default fill is the dtype's minimum, not one of the operand's.
+    (lambda b: b.astype(jnp.int32).at[jnp.array([1, 9])].get(mode="fill").astype(
+        jnp.float32), BOOL, F32),
+    (lambda b: jax.jit(lambda c: jnp.where(c, HALVES, 1.0))(b), BOOL, F32),
+    (lambda b: jax.jit(lambda c: jnp.where(c, TWOS, 1.0))(b), BOOL, U8),
     (lambda b: jnp.full(3, _grid(b)[jnp.argmax(b)]), BOOL, U8),
     (lambda b: jnp.sort(_grid(b)), BOOL, U8),
     (lambda b: jax.jit(_grid)(b), BOOL, U8),
@@ -135,6 +145,27 @@ def test_runner__minatar_store_kept_in_uint8_with_the_same_samples():
         "episode_return_mean"]
 
 
-def test_runner__a_small_or_fractional_observation_keeps_its_dtype():
+def test_runner__a_small_observation_or_one_not_only_integers_keeps_its_dtype():
     runner = jr.SingleAgentEnvRunner(config=_config("CartPole-v1", num_envs=4))
     assert runner.sample(num_timesteps=40).chunks[0].final_obs_store.obs.dtype == F32
+    # Breakout's grid with a NaN written into it: large, but not only small integers.
+    runner = jr.SingleAgentEnvRunner(config=_config(num_envs=8).environment(
+        NanOnceBreakout()).fault_tolerance(restart_failed_sub_environments=True))
+    assert runner.sample(num_timesteps=80).chunks[0].final_obs_store.obs.dtype == F32
+
+
+def test_runner__the_step_is_traced_once_for_both_the_check_and_the_store(monkeypatch):
+    """The fault check's finiteness and the store's dtypes are read from one trace of the
+    vector step, once per compiled chunk."""
+    traces = []
+
+    def counted(fn, *args):
+        traces.append(fn)
+        return trace_abstract(fn, *args)
+
+    monkeypatch.setattr(chunk, "trace_abstract", counted)
+    runner = jr.SingleAgentEnvRunner(config=_config(num_envs=8))
+    batch = runner.sample(num_timesteps=8 * 70)
+    runner.sample(num_timesteps=8 * 10)
+    assert len(traces) == 1
+    assert batch.chunks[0].final_obs_store.obs.dtype == U8

@@ -63,9 +63,10 @@ from jaxrunner.core.autoreset import (STEP_OUTPUTS, make_env_step, reset_spreads
 from jaxrunner.core.callbacks import EpisodeStart, batched_info, per_env_struct
 from jaxrunner.core.carry import ChunkInfo, MetricRegisters
 from jaxrunner.core.faults import has_large_float_leaf, recreate_failed, step_failed
-from jaxrunner.core.finiteness import provably_finite
+from jaxrunner.core.dependence import trace_abstract
+from jaxrunner.core.finiteness import finite_outputs
 from jaxrunner.core.ring import write_ring
-from jaxrunner.core.value_range import storage_dtypes
+from jaxrunner.core.value_range import output_storage_dtypes
 
 POLICY_MODES = ("explore", "inference", "random")
 # Whether rollouts compiled with the unrolled hash compute each sub-env's reset in a kernel
@@ -84,14 +85,25 @@ SEPARATE_RESETS: bool | str = "auto"
 # (all four) and False (none) are for A/B benchmarks (`benchmarks/separate_outputs.py`).
 SEPARATE_STEP_OUTPUTS: bool | str = "auto"
 # The fault check leaves out the observation leaves the env builds finite by construction
-# (`obs_known_finite` in `make_chunk_fns`). False checks them anyway: for A/B benchmarks
+# (`obs_facts` in `make_chunk_fns`). False checks them anyway: for A/B benchmarks
 # (`benchmarks/proven_finite.py`).
 PROVE_OBS_FINITE = True
 # A layout's row store keeps the observation leaves the env only ever fills with small
-# integers in the narrowest integer dtype that holds them exactly (`store_dtypes` in
+# integers in the narrowest integer dtype that holds them exactly (`obs_facts` in
 # `make_chunk_fns`; MinAtar's float32 grids in uint8: a quarter of the bytes). False keeps
 # the observation's own dtypes: for A/B benchmarks (`benchmarks/narrow_store.py`).
 NARROW_ROW_STORE = True
+
+
+class ObsFacts(NamedTuple):
+    """What a rollout reads from its env step's jaxpr about the observations (None: not
+    read). `known_finite`: a pytree of bools like the observation, the leaves finite by
+    construction (`core.finiteness`), which the fault check leaves out. `store_dtypes`: a
+    pytree of dtypes like it, those the row store keeps the leaves in, narrower where a
+    leaf only holds small integers (`core.value_range`)."""
+
+    known_finite: Any = None
+    store_dtypes: Any = None
 
 
 def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
@@ -253,44 +265,39 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
                 separate_outputs=separate_outputs)
         return bound[name]
 
-    def obs_known_finite(env_step: Any, keys: Any, carry: Any, env_actions: Any,
-                         env_params: Any) -> Any:
-        """The final observation's leaves that are finite by construction (a pytree of
-        bools, `core.finiteness.provably_finite` on the vector step), or None: read once,
-        and only when the fault check tests a leaf apart (`faults.has_large_float_leaf`),
-        so a small observation's env pays no extra trace."""
-        if "obs_known_finite" not in bound:
-            known = None
-            if spec.check_finite and PROVE_OBS_FINITE and has_large_float_leaf(carry.obs):
-                def final_obs_of(k, state, actions, p):
+    def obs_facts(env_step: Any, keys: Any, carry: Any, env_actions: Any,
+                  env_params: Any) -> ObsFacts:
+        """What the vector step's jaxpr says of its observations (`ObsFacts`), read once
+        from one trace, and only for a large floating observation leaf
+        (`faults.has_large_float_leaf`), so a small observation's env pays no extra
+        trace."""
+        if "obs_facts" not in bound:
+            prove = spec.check_finite and PROVE_OBS_FINITE
+            narrow = NARROW_ROW_STORE and getattr(layout, "row_store", None) is not None
+            facts = ObsFacts()
+            if (prove or narrow) and has_large_float_leaf(carry.obs):
+                def final_and_stored(k, state, actions, p):
+                    """The final observation (what the check tests) and, stacked, the
+                    next and final ones (what the row store holds)."""
                     next_obs, _, _, _, _, info = env_step.step(k, state, actions, p)
-                    return info.get("final_observation", next_obs)
+                    final_obs = info.get("final_observation", next_obs)
+                    return final_obs, jax.tree.map(lambda x, y: jnp.stack([x, y]),
+                                                   next_obs, final_obs)
 
-                known = provably_finite(final_obs_of, keys, carry.env_state, env_actions,
-                                        env_params)
-            bound["obs_known_finite"] = known
-        return bound["obs_known_finite"]
-
-    def store_dtypes(env_step: Any, keys: Any, carry: Any, env_actions: Any,
-                     env_params: Any) -> None:
-        """Reads once, into `bound["store_dtypes"]`, the dtypes the row store keeps the
-        observation leaves in (`core.value_range.storage_dtypes` on the vector step's next
-        and final observations, which the store holds), or None (the observation's own):
-        only for a layout with a row store and a large floating observation leaf
-        (`faults.has_large_float_leaf`), so a small observation's env pays no extra trace."""
-        if "store_dtypes" in bound:
-            return
-        dtypes = None
-        if (NARROW_ROW_STORE and getattr(layout, "row_store", None) is not None
-                and has_large_float_leaf(carry.obs)):
-            def stored_obs(k, state, actions, p):
-                next_obs, _, _, _, _, info = env_step.step(k, state, actions, p)
-                final_obs = info.get("final_observation", next_obs)
-                return jax.tree.map(lambda x, y: jnp.stack([x, y]), next_obs, final_obs)
-
-            dtypes = storage_dtypes(stored_obs, keys, carry.env_state, env_actions,
-                                    env_params)
-        bound["store_dtypes"] = dtypes
+                traced = trace_abstract(final_and_stored, keys, carry.env_state,
+                                        env_actions, env_params)
+                if traced is not None:
+                    closed, (final_shape, _) = traced
+                    structure = jax.tree.structure(final_shape)
+                    count = structure.num_leaves
+                    facts = ObsFacts(
+                        known_finite=jax.tree.unflatten(
+                            structure, finite_outputs(closed)[:count]) if prove else None,
+                        store_dtypes=jax.tree.unflatten(
+                            structure, output_storage_dtypes(closed)[count:])
+                        if narrow else None)
+            bound["obs_facts"] = facts
+        return bound["obs_facts"]
 
     def bound_callbacks(carry: Any, params: Any, env_params: Any):
         """The device callbacks bound to this layout's step view (traced once)."""
@@ -330,10 +337,9 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         final_obs = info.get("final_observation", next_obs)
         reward, terminated, truncated, all_terminated, all_truncated = layout.outcome(
             reward, terminated, truncated)
+        facts = obs_facts(env_step, keys[2:], carry, env_actions, env_params)
         failed = step_failed(info, reward, final_obs, num_envs, spec.check_finite,
-                             obs_known_finite(env_step, keys[2:], carry, env_actions,
-                                              env_params))
-        store_dtypes(env_step, keys[2:], carry, env_actions, env_params)
+                             facts.known_finite)
         if spec.restart_failed_sub_environments:
             env_state, next_obs, key = recreate_failed(
                 failed, env_state, next_obs, key, lambda k: reset_all(k, env_params))
@@ -419,7 +425,8 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
 
         zero = jnp.zeros((), jnp.int32)
         rows = () if store is None else store.init(
-            record_shape, values_shape if values_in_store else None, bound["store_dtypes"])
+            record_shape, values_shape if values_in_store else None,
+            bound["obs_facts"].store_dtypes)  # read by `step_shapes`' trace above
         if store is not None:
             record_shape = store.strip(record_shape)
         buffers_shape = record_shape.replace(valid=None)

@@ -27,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Literal
 
+from jaxrunner.core.dependence import called_jaxpr, open_jaxpr, trace_abstract
+
 # Outputs finite whenever every floating operand is finite.
 PRESERVING_PRIMITIVES = frozenset({
     "abs", "argmax", "argmin", "atan2", "broadcast_in_dim", "ceil", "clamp", "concatenate",
@@ -36,7 +38,6 @@ PRESERVING_PRIMITIVES = frozenset({
     "sharding_constraint", "sign", "sin", "slice", "sort", "squeeze", "stop_gradient",
     "tanh", "transpose", "optimization_barrier",
 })
-_CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
 def _is_float(aval: Any) -> bool:
@@ -63,10 +64,10 @@ def _conversion_finite(source: Any, target: Any) -> bool:
     return float(jnp.finfo(target).max) >= float(high)
 
 
-def _jaxpr_and_consts(closed_or_open: Any) -> tuple[Any, list[bool]]:
-    if hasattr(closed_or_open, "consts"):
-        return closed_or_open.jaxpr, [_value_finite(c) for c in closed_or_open.consts]
-    return closed_or_open, []
+def _open(closed_or_open: Any) -> tuple[Any, list[bool]]:
+    """`(jaxpr, consts_finite)` of a closed or open jaxpr."""
+    jaxpr, consts = open_jaxpr(closed_or_open)
+    return jaxpr, [_value_finite(c) for c in consts]
 
 
 def outputs_finite(jaxpr: Any, inputs_finite: Sequence[bool],
@@ -104,27 +105,26 @@ def _equation(eqn: Any, operands: list[bool]) -> list[bool]:
     if name == "cond":  # operands: the branch index, then the branches' arguments
         per_branch = []
         for branch in params["branches"]:
-            inner, consts = _jaxpr_and_consts(branch)
+            inner, consts = _open(branch)
             per_branch.append(outputs_finite(inner, operands[1:], consts))
         return [all(b[i] for b in per_branch) for i in range(count)]
     if name == "scan":
-        body, consts = _jaxpr_and_consts(params["jaxpr"])
+        body, consts = _open(params["jaxpr"])
         fixed, carries = params["num_consts"], params["num_carry"]
         return _loop(lambda carry: outputs_finite(
             body, operands[:fixed] + carry + operands[fixed + carries:], consts),
             operands[fixed:fixed + carries], count)
     if name == "while":
-        body, consts = _jaxpr_and_consts(params["body_jaxpr"])
+        body, consts = _open(params["body_jaxpr"])
         skip = params["cond_nconsts"]
         fixed = params["body_nconsts"]
         body_consts = operands[skip:skip + fixed]
         return _loop(lambda carry: outputs_finite(body, body_consts + carry, consts),
                      operands[skip + fixed:], count)
-    for key in _CALL_PARAMS:  # jit, closed_call, custom_jvp/vjp, checkpoint
-        if key in params and hasattr(_jaxpr_and_consts(params[key])[0], "eqns"):
-            inner, consts = _jaxpr_and_consts(params[key])
-            if len(inner.invars) == len(operands):
-                return outputs_finite(inner, operands, consts)
+    called = called_jaxpr(eqn)  # jit, closed_call, custom_jvp/vjp, checkpoint
+    if called is not None:
+        inner, consts = called
+        return outputs_finite(inner, operands, [_value_finite(c) for c in consts])
     return [False] * count
 
 
@@ -143,20 +143,23 @@ def _loop(body: Callable[[list[bool]], list[bool]], carry: list[bool], count: in
     return [False] * count
 
 
+def finite_outputs(closed: Any) -> list[bool]:
+    """For each output of the closed jaxpr `closed`, whether it is finite whatever its
+    inputs (non-floating outputs always are)."""
+    jaxpr, consts = _open(closed)
+    return outputs_finite(jaxpr, [False] * len(jaxpr.invars), consts)
+
+
 def provably_finite(fn: Callable, *args: Any) -> Any:
     """A pytree like `fn(*args)`'s output of bools: True for the leaves that are finite
     whatever the arguments' values (non-floating leaves are always True). Traced with the
     arguments' shapes and dtypes (arrays, tracers or `jax.ShapeDtypeStruct`s); None when
     `fn` cannot be traced on its own."""
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype)
-                            if hasattr(x, "dtype") else x, args)
-    try:
-        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
-    except Exception:  # noqa: BLE001 - unknown: the caller checks everything
+    traced = trace_abstract(fn, *args)
+    if traced is None:
         return None
-    jaxpr, consts = _jaxpr_and_consts(closed)
-    known = outputs_finite(jaxpr, [False] * len(jaxpr.invars), consts)
-    return jax.tree.unflatten(jax.tree.structure(shape), known)
+    closed, shape = traced
+    return jax.tree.unflatten(jax.tree.structure(shape), finite_outputs(closed))
 
 
-__all__ = ["PRESERVING_PRIMITIVES", "outputs_finite", "provably_finite"]
+__all__ = ["PRESERVING_PRIMITIVES", "finite_outputs", "outputs_finite", "provably_finite"]

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Literal
 
-from jaxrunner.core.finiteness import _CALL_PARAMS, _jaxpr_and_consts
+from jaxrunner.core.dependence import called_jaxpr, open_jaxpr, trace_abstract
 
 Interval = Optional[tuple]  # (lo, hi) python ints, or None: unknown
 
@@ -116,6 +116,12 @@ def _value_interval(value: Any) -> Interval:
     return (int(array.min()), int(array.max()))
 
 
+def _open(closed_or_open: Any) -> tuple[Any, list[Interval]]:
+    """`(jaxpr, const_intervals)` of a closed or open jaxpr."""
+    jaxpr, consts = open_jaxpr(closed_or_open)
+    return jaxpr, [_value_interval(c) for c in consts]
+
+
 def _arithmetic(name: str, a: Interval, b: Interval) -> Interval:
     """Interval arithmetic on integer operands (None: not an arithmetic rule)."""
     if a is None or b is None:
@@ -130,11 +136,12 @@ def _arithmetic(name: str, a: Interval, b: Interval) -> Interval:
     return None
 
 
-def output_intervals(jaxpr: Any, inputs: Sequence[Interval],
-                     consts: Sequence[Interval] = ()) -> list[Interval]:
+def output_intervals(jaxpr: Any, consts: Sequence[Interval] = (),
+                     inputs: Sequence[Interval] | None = None) -> list[Interval]:
     """For each output of `jaxpr` (a `jax.extend.core.Jaxpr`), its interval when its
-    inputs are in `inputs` (`consts` for its constvars; None: the dtype's range for
-    integers and booleans, unknown for floats)."""
+    constvars are in `consts` and its inputs in `inputs` (None for all, or for one: the
+    dtype's range for integers and booleans, unknown for floats)."""
+    inputs = [None] * len(jaxpr.invars) if inputs is None else inputs
     known: dict[Any, Interval] = {}
     for var, interval in list(zip(jaxpr.constvars, consts)) + list(zip(jaxpr.invars, inputs)):
         known[var] = _fit(interval, _dtype(var.aval))
@@ -173,12 +180,13 @@ def _equation(eqn: Any, operands: list[Interval]) -> list[Interval]:
         return [(pick(o[0] for o in operands), pick(o[1] for o in operands))]
     if name == "select_n":  # operand 0 picks among the others
         return [_join(*operands[1:])]
-    if name == "gather":
+    if name == "gather":  # out-of-bounds rows in "fill" mode read the fill value
+        if "FILL" not in str(params.get("mode", "")):
+            return [operands[0]]
         fill = params.get("fill_value")
-        mode = str(params.get("mode", ""))
-        if "FILL" in mode and _is_float(out_dtype):
-            return [_join(operands[0], _value_interval(fill) if fill is not None else None)]
-        return [operands[0]]
+        # The default fill: NaN for floats, an extreme of the dtype for integers.
+        return [_join(operands[0], _fit(None, out_dtype) if fill is None
+                      else _value_interval(fill))]
     if name == "sort":  # a permutation of each operand
         return list(operands[:count])
     if name in ("optimization_barrier",):
@@ -196,34 +204,29 @@ def _equation(eqn: Any, operands: list[Interval]) -> list[Interval]:
         if name in ("add", "sub", "mul") and len(operands) == 2:
             return [_arithmetic(name, *operands)]
     if name == "cond":  # operands: the branch index, then the branches' arguments
-        per_branch = []
-        for branch in params["branches"]:
-            inner, consts = _jaxpr_and_consts(branch)
-            per_branch.append(output_intervals(inner, operands[1:],
-                                               [_value_interval(c) for c in consts]))
+        per_branch = [output_intervals(*_open(branch), inputs=operands[1:])
+                      for branch in params["branches"]]
         return [_join(*(b[i] for b in per_branch)) for i in range(count)]
     if name == "scan":
-        body, consts = _jaxpr_and_consts(params["jaxpr"])
-        const_intervals = [_value_interval(c) for c in consts]
+        body, consts = _open(params["jaxpr"])
         fixed, carries = params["num_consts"], params["num_carry"]
         return _loop(lambda carry: output_intervals(
-            body, operands[:fixed] + carry + operands[fixed + carries:], const_intervals),
+            body, consts, inputs=operands[:fixed] + carry + operands[fixed + carries:]),
             operands[fixed:fixed + carries], [_dtype(v.aval) for v in body.invars[
                 fixed:fixed + carries]], count)
     if name == "while":
-        body, consts = _jaxpr_and_consts(params["body_jaxpr"])
-        const_intervals = [_value_interval(c) for c in consts]
+        body, consts = _open(params["body_jaxpr"])
         skip, fixed = params["cond_nconsts"], params["body_nconsts"]
         body_consts = operands[skip:skip + fixed]
-        return _loop(lambda carry: output_intervals(body, body_consts + carry,
-                                                    const_intervals),
+        return _loop(lambda carry: output_intervals(body, consts,
+                                                    inputs=body_consts + carry),
                      operands[skip + fixed:], [_dtype(v.aval) for v in body.invars[fixed:]],
                      count)
-    for key in _CALL_PARAMS:  # jit, closed_call, custom_jvp/vjp, checkpoint
-        if key in params and hasattr(_jaxpr_and_consts(params[key])[0], "eqns"):
-            inner, consts = _jaxpr_and_consts(params[key])
-            if len(inner.invars) == len(operands):
-                return output_intervals(inner, operands, [_value_interval(c) for c in consts])
+    called = called_jaxpr(eqn)  # jit, closed_call, custom_jvp/vjp, checkpoint
+    if called is not None:
+        inner, consts = called
+        return output_intervals(inner, [_value_interval(c) for c in consts],
+                                inputs=operands)
     return [None] * count  # unknown primitive: the output dtype's range, or unknown
 
 
@@ -257,24 +260,27 @@ def narrow_dtype(dtype: Any, interval: Interval) -> Any:
     return None
 
 
+def output_storage_dtypes(closed: Any) -> list[Any]:
+    """For each output of the closed jaxpr `closed`, whatever its inputs: the narrow
+    integer dtype that holds every value of a floating output exactly (`narrow_dtype`),
+    or the output's own dtype."""
+    jaxpr, consts = _open(closed)
+    return [narrow_dtype(_dtype(v.aval), interval) or jnp.dtype(_dtype(v.aval))
+            for v, interval in zip(jaxpr.outvars, output_intervals(jaxpr, consts))]
+
+
 def storage_dtypes(fn: Callable, *args: Any) -> Any:
-    """A pytree like `fn(*args)`'s output of dtypes: for each floating leaf that only ever
-    holds integers a narrower integer dtype holds exactly (whatever the arguments'
-    values), that dtype (`narrow_dtype`); for every other leaf its own dtype. Traced with
-    the arguments' shapes and dtypes (arrays, tracers or `jax.ShapeDtypeStruct`s); None
-    when `fn` cannot be traced on its own."""
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype)
-                            if hasattr(x, "dtype") else x, args)
-    try:
-        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
-    except Exception:  # noqa: BLE001 - unknown: the caller keeps every dtype
+    """A pytree like `fn(*args)`'s output of dtypes (`output_storage_dtypes`): for each
+    floating leaf that only ever holds integers a narrower integer dtype holds exactly
+    (whatever the arguments' values), that dtype; for every other leaf its own dtype.
+    Traced with the arguments' shapes and dtypes (arrays, tracers or
+    `jax.ShapeDtypeStruct`s); None when `fn` cannot be traced on its own."""
+    traced = trace_abstract(fn, *args)
+    if traced is None:
         return None
-    intervals = output_intervals(closed.jaxpr, [None] * len(closed.jaxpr.invars),
-                                 [_value_interval(c) for c in closed.consts])
-    leaves = jax.tree.leaves(shape)
-    dtypes = [narrow_dtype(leaf.dtype, interval) or jnp.dtype(leaf.dtype)
-              for leaf, interval in zip(leaves, intervals)]
-    return jax.tree.unflatten(jax.tree.structure(shape), dtypes)
+    closed, shape = traced
+    return jax.tree.unflatten(jax.tree.structure(shape), output_storage_dtypes(closed))
 
 
-__all__ = ["NARROW_CANDIDATES", "narrow_dtype", "output_intervals", "storage_dtypes"]
+__all__ = ["NARROW_CANDIDATES", "narrow_dtype", "output_intervals", "output_storage_dtypes",
+           "storage_dtypes"]
