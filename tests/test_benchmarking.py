@@ -138,3 +138,38 @@ def test_benchmark_scripts__help_prints_and_exits_cleanly(script, monkeypatch, c
         runpy.run_path(path, run_name="__main__")
     assert exited.value.code in (0, None)
     assert "usage" in capsys.readouterr().out
+
+
+def test_compile_parts__each_piece_compiles_in_a_fresh_process_and_is_recorded(tmp_path):
+    """`benchmarks/compile_parts.py` compiles the pieces it is given in fresh processes and
+    records each one's compile seconds per round and its fusion count."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    output = tmp_path / "parts.json"
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "compile_parts.py"),
+                    "--rounds", "1", "--pieces", "metric_ring", "restart_reset",
+                    "--output", str(output)], check=True, timeout=600, capture_output=True)
+    pieces = json.loads(output.read_text())["pieces"]
+    assert set(pieces) == {"metric_ring", "restart_reset"}
+    for piece in pieces.values():
+        assert len(piece["compile_s"]) == 1 and piece["median_compile_s"] > 0
+        assert piece["fusions"] > 0
+
+
+def test_compile_parts__the_sampler_holds_its_chunk_and_the_chunk_its_ring(monkeypatch):
+    """The pieces nest as the script's JSON reads them: `Sampler.sample` compiles to more
+    kernels than its chunk alone, and the chunk to more than its metric-ring update."""
+    import importlib
+    import os
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "benchmarks"))
+    compile_parts = importlib.import_module("compile_parts")
+
+    fusions = {piece: compile_parts.measure_piece(piece, "CartPole-v1")["fusions"]
+               for piece in ("sampler_sample", "chunk", "metric_ring")}
+    assert fusions["sampler_sample"] > fusions["chunk"] > fusions["metric_ring"] > 0

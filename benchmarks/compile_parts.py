@@ -1,0 +1,146 @@
+"""Where the pure sampler's compile time goes: its pieces compiled alone, in fresh processes.
+
+    python benchmarks/compile_parts.py [--env CartPole-v1] [--rounds 3]
+        [--output benchmarks/results/compile_parts.json]
+
+The fused PPO's time to solve (issue 17) is mostly compile on a 2-core CPU, and the
+sampler's chunk compiles longer than the bare PureJaxRL-style rollout scan. This script
+compiles, each in a fresh process (rotated order, `--rounds` times), with the fused PPO's
+sizes (`time_to_solve.HYPER`: 16 sub-envs, the env's rollout length, 64x64 tanh MLP,
+100-episode metric window, JAX's own Threefry lowering):
+
+- `bare_scan`: the bare rollout scan (`chunk_lean.bare_scan_lowered`);
+- `sampler_sample`: `Sampler.sample` (the chunk, the restart on failures, the counters);
+- `chunk`: the chunk alone (`ChunkFns.chunk`);
+- `metric_ring`: the chunk's metric-ring update alone (`jaxrunner.core.ring.write_ring`
+  on the chunk's `(T, B)` done / failed / reward arrays);
+- `restart_reset`: the reset of every sub-env `sample()` runs when sub-envs failed
+  beyond the tolerance (`ChunkFns.reset_carry`).
+
+Per piece: XLA's compile seconds (`lowered.compile()`, tracing and lowering not
+included) and the fusions (kernels) of the compiled program. XLA:CPU compiles every
+fusion as its own kernel, so the count is what the compile time follows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # chunk_lean, time_to_solve
+
+PIECES = ("bare_scan", "sampler_sample", "chunk", "metric_ring", "restart_reset")
+
+
+def _lowered(piece: str, env_id: str) -> Any:
+    """The lowered program of `piece` (see the module docstring)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxrunner
+    from time_to_solve import HYPER, _runner_config
+
+    hp = HYPER[env_id]
+    if piece == "bare_scan":
+        from chunk_lean import bare_scan_lowered
+
+        if env_id != "CartPole-v1":
+            raise ValueError("the bare_scan piece is CartPole-v1's (chunk_lean's bare scan).")
+        return bare_scan_lowered(hp.num_envs, hp.num_steps)
+    sampler = jaxrunner.make_sampler(_runner_config(env_id, 0, hp))
+    params = sampler.params
+    state = jax.eval_shape(sampler.init, sampler.default_key)
+    fns = sampler.chunk_fns("explore")
+    int32 = jnp.int32
+    if piece == "sampler_sample":
+        return jax.jit(lambda s, p: sampler.sample(s, p)).lower(state, params)
+    if piece == "chunk":
+        def chunk(s, p):
+            return fns.chunk(s.carry, s.lookback, p, sampler.env_params,
+                             int32(sampler.num_steps), int32(2**31 - 1), int32(2**31 - 1),
+                             jnp.zeros((), int32))
+        return jax.jit(chunk).lower(state, params)
+    if piece == "restart_reset":
+        return jax.jit(lambda c: fns.reset_carry(c, sampler.env_params)).lower(state.carry)
+    if piece == "metric_ring":
+        from jaxrunner.core.ring import RingInput, write_ring
+
+        shape = (sampler.num_steps, sampler.num_envs)
+        flags = jax.ShapeDtypeStruct(shape, jnp.bool_)
+        ring = RingInput(done=flags, failed=flags,
+                         valid=jax.ShapeDtypeStruct(shape[:1], jnp.bool_),
+                         rewards=jax.ShapeDtypeStruct(shape, jnp.float32))
+        per_env = jax.ShapeDtypeStruct(shape[1:], int32)
+
+        def update(registers, ring, start_step, start_len, start_return, end_len):
+            return write_ring(registers, ring, start_step, int32(2**31 - 1),
+                              start_episode_len=start_len, start_episode_return=start_return,
+                              end_episode_len=end_len,
+                              steps_in_call=1 + jnp.arange(shape[0], dtype=int32))
+        carry = state.carry
+        return jax.jit(update).lower(carry.metrics, ring, carry.vector_step, per_env,
+                                     jax.ShapeDtypeStruct(shape[1:], jnp.float32), per_env)
+    raise ValueError(f"piece must be one of {PIECES}, got {piece!r}.")
+
+
+def measure_piece(piece: str, env_id: str) -> dict[str, Any]:
+    """Compile seconds and fusion count of `piece`, in this process."""
+    lowered = _lowered(piece, env_id)
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - start
+    return {"piece": piece, "compile_s": seconds,
+            "fusions": compiled.as_text().count(" fusion(")}
+
+
+def _fresh(piece: str, env_id: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", piece,
+                          "--env", env_id], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="CartPole-v1", choices=["CartPole-v1", "Pendulum-v1"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pieces", nargs="+", default=list(PIECES), choices=PIECES)
+    parser.add_argument("--one", choices=PIECES, help=argparse.SUPPRESS)
+    parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
+                                                         "compile_parts.json"))
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure_piece(args.one, args.env)))
+        return
+    from jaxrunner.benchmarking import machine_info
+
+    pieces = [p for p in args.pieces if not (p == "bare_scan" and args.env != "CartPole-v1")]
+    runs: dict[str, list] = {p: [] for p in pieces}
+    load_before = os.getloadavg()
+    for r in range(args.rounds):
+        for piece in pieces[r % len(pieces):] + pieces[:r % len(pieces)]:
+            result = _fresh(piece, args.env)
+            runs[piece].append(result)
+            print(f"round {r} {piece}: {result['compile_s']:.2f} s, "
+                  f"{result['fusions']} fusions", flush=True)
+    summary = {p: {"median_compile_s": statistics.median(x["compile_s"] for x in runs[p]),
+                   "compile_s": [x["compile_s"] for x in runs[p]],
+                   "fusions": runs[p][0]["fusions"]} for p in pieces}
+    results = {"benchmark": "compile_parts", "env": args.env, "rounds": args.rounds,
+               "machine": machine_info(), "load_avg_before": load_before,
+               "load_avg_after": os.getloadavg(), "pieces": summary}
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump(results, f, indent=1)
+    print(json.dumps({p: (round(s["median_compile_s"], 2), s["fusions"])
+                      for p, s in summary.items()}))
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
