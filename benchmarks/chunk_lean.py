@@ -133,14 +133,15 @@ def _opcode(line: str) -> str | None:
 
 def kernel_counts(text: str) -> dict[str, Any]:
     """Opcode counts of the time loop's body (the while loop whose body has the most
-    instructions) and the whole program's fusion count."""
+    instructions; all zero for a program without a loop) and the whole program's fusion
+    count."""
     comps = _computations(text)
     bodies = re.findall(r"while\(.*?body=%([\w.\-]+)", text)
-    body = max(bodies, key=lambda name: len(comps.get(name, [])))
-    ops = collections.Counter(_opcode(line) for line in comps[body])
+    body = max(bodies, key=lambda name: len(comps.get(name, [])), default=None)
+    ops = collections.Counter(_opcode(line) for line in comps.get(body, []))
     ops.pop(None, None)
     fused_roots = collections.Counter()
-    for line in comps[body]:
+    for line in comps.get(body, []):
         match = re.search(r"fusion\(.*calls=%([\w.\-]+)", line)
         if match:
             for inner in comps.get(match.group(1), []):

@@ -18,8 +18,10 @@ sizes (`time_to_solve.HYPER`: 16 sub-envs, the env's rollout length, 64x64 tanh 
   beyond the tolerance (`ChunkFns.reset_carry`).
 
 Per piece: XLA's compile seconds (`lowered.compile()`, tracing and lowering not
-included) and the fusions (kernels) of the compiled program. XLA:CPU compiles every
-fusion as its own kernel, so the count is what the compile time follows.
+included) and the fusions (kernels) of the compiled program, and for the pieces with a
+time loop (bare scan, sampler, chunk) the fusions of the loop's body
+(`chunk_lean.kernel_counts`). XLA:CPU compiles every fusion as its own kernel, so the
+count is what the compile time follows.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # chunk_lean, time_to_solve
 
 PIECES = ("bare_scan", "sampler_sample", "chunk", "metric_ring", "restart_reset")
+TIME_LOOP_PIECES = ("bare_scan", "sampler_sample", "chunk")
 
 
 def _lowered(piece: str, env_id: str) -> Any:
@@ -44,6 +47,7 @@ def _lowered(piece: str, env_id: str) -> Any:
     import jax.numpy as jnp
 
     import jaxrunner
+    from jaxrunner.core.ring import NO_EPISODE_LIMIT, RingInput, write_ring
     from time_to_solve import HYPER, _runner_config
 
     hp = HYPER[env_id]
@@ -63,14 +67,12 @@ def _lowered(piece: str, env_id: str) -> Any:
     if piece == "chunk":
         def chunk(s, p):
             return fns.chunk(s.carry, s.lookback, p, sampler.env_params,
-                             int32(sampler.num_steps), int32(2**31 - 1), int32(2**31 - 1),
+                             int32(sampler.num_steps), NO_EPISODE_LIMIT, NO_EPISODE_LIMIT,
                              jnp.zeros((), int32))
         return jax.jit(chunk).lower(state, params)
     if piece == "restart_reset":
         return jax.jit(lambda c: fns.reset_carry(c, sampler.env_params)).lower(state.carry)
     if piece == "metric_ring":
-        from jaxrunner.core.ring import RingInput, write_ring
-
         shape = (sampler.num_steps, sampler.num_envs)
         flags = jax.ShapeDtypeStruct(shape, jnp.bool_)
         ring = RingInput(done=flags, failed=flags,
@@ -79,7 +81,7 @@ def _lowered(piece: str, env_id: str) -> Any:
         per_env = jax.ShapeDtypeStruct(shape[1:], int32)
 
         def update(registers, ring, start_step, start_len, start_return, end_len):
-            return write_ring(registers, ring, start_step, int32(2**31 - 1),
+            return write_ring(registers, ring, start_step, NO_EPISODE_LIMIT,
                               start_episode_len=start_len, start_episode_return=start_return,
                               end_episode_len=end_len,
                               steps_in_call=1 + jnp.arange(shape[0], dtype=int32))
@@ -90,18 +92,27 @@ def _lowered(piece: str, env_id: str) -> Any:
 
 
 def measure_piece(piece: str, env_id: str) -> dict[str, Any]:
-    """Compile seconds and fusion count of `piece`, in this process."""
+    """Compile seconds and fusion counts of `piece`, in this process."""
+    from chunk_lean import kernel_counts
+
     lowered = _lowered(piece, env_id)
     start = time.perf_counter()
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
-    return {"piece": piece, "compile_s": seconds,
-            "fusions": compiled.as_text().count(" fusion(")}
+    counts = kernel_counts(compiled.as_text())
+    result = {"piece": piece, "compile_s": seconds, "fusions": counts["program_fusions"]}
+    if piece in TIME_LOOP_PIECES:
+        result["time_loop_fusions"] = counts["loop_body_fusions"]
+    return result
 
 
 def _fresh(piece: str, env_id: str) -> dict[str, Any]:
+    """`measure_piece` in a fresh Python process."""
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", piece,
-                          "--env", env_id], capture_output=True, text=True, check=True)
+                          "--env", env_id], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"compiling the piece {piece!r} of {env_id} failed in its own "
+                           f"process (exit {out.returncode}):\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -130,7 +141,8 @@ def main() -> None:
                   f"{result['fusions']} fusions", flush=True)
     summary = {p: {"median_compile_s": statistics.median(x["compile_s"] for x in runs[p]),
                    "compile_s": [x["compile_s"] for x in runs[p]],
-                   "fusions": runs[p][0]["fusions"]} for p in pieces}
+                   **{k: runs[p][0][k] for k in ("fusions", "time_loop_fusions")
+                      if k in runs[p][0]}} for p in pieces}
     results = {"benchmark": "compile_parts", "env": args.env, "rounds": args.rounds,
                "machine": machine_info(), "load_avg_before": load_before,
                "load_avg_after": os.getloadavg(), "pieces": summary}

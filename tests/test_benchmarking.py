@@ -170,6 +170,12 @@ def test_compile_parts__the_sampler_holds_its_chunk_and_the_chunk_its_ring(monke
         os.path.abspath(__file__))), "benchmarks"))
     compile_parts = importlib.import_module("compile_parts")
 
-    fusions = {piece: compile_parts.measure_piece(piece, "CartPole-v1")["fusions"]
-               for piece in ("sampler_sample", "chunk", "metric_ring")}
+    measured = {piece: compile_parts.measure_piece(piece, "CartPole-v1")
+                for piece in ("sampler_sample", "chunk", "metric_ring")}
+    fusions = {piece: m["fusions"] for piece, m in measured.items()}
     assert fusions["sampler_sample"] > fusions["chunk"] > fusions["metric_ring"] > 0
+    # The sampler's time loop is its chunk's: the same body; the ring has no time loop.
+    loop = measured["chunk"]["time_loop_fusions"]
+    assert 0 < loop < fusions["chunk"]
+    assert measured["sampler_sample"]["time_loop_fusions"] == loop
+    assert "time_loop_fusions" not in measured["metric_ring"]
