@@ -234,13 +234,16 @@ def test_chunk__gymnax_step_splits_no_key_of_its_own():
     assert splits(OwnStep()) == splits(CartPole()) + 1
 
 
-@pytest.mark.parametrize("separated", ["separate_resets", "separate_outputs"])
+@pytest.mark.parametrize("separated", ["separate_resets", "separate_outputs",
+                                       "separate_draws"])
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"])
 def test_separate__same_steps_and_the_separated_part_in_its_own_kernel(env_id, separated):
     """With `separate_resets` every sub-env's reset is drawn in a kernel of its own, with
     `separate_outputs` the observation, reward and flags of its step are computed in one
-    (a conditional in the compiled CPU program), and the vector step gives the same
-    observations, states, rewards and flags bit for bit, over steps that end episodes."""
+    (a conditional in the compiled CPU program), with `separate_draws` (beside
+    `separate_resets`) so are the reset's random draws (more conditionals), and the
+    vector step gives the same observations, states, rewards and flags bit for bit, over
+    steps that end episodes."""
     from jaxrunner import lowering
     from jaxrunner.core.autoreset import gymnax_step_fns, make_env_step
 
@@ -250,8 +253,10 @@ def test_separate__same_steps_and_the_separated_part_in_its_own_kernel(env_id, s
     num_envs, space = 32, env.action_space(params)
     from jaxrunner.core.autoreset import STEP_OUTPUTS
 
-    separating = {"separate_resets": True, "separate_outputs": STEP_OUTPUTS}[separated]
-    steps = {flag: make_env_step(fns, num_envs, "gymnax", 1,
+    separating = {"separate_resets": True, "separate_outputs": STEP_OUTPUTS,
+                  "separate_draws": True}[separated]
+    base = {"separate_resets": True} if separated == "separate_draws" else {}
+    steps = {flag: make_env_step(fns, num_envs, "gymnax", 1, **base,
                                  **{separated: separating if flag else type(separating)()})
              for flag in (False, True)}
 
@@ -272,7 +277,8 @@ def test_separate__same_steps_and_the_separated_part_in_its_own_kernel(env_id, s
         jitted = lowering.jit(functools.partial(rollout, step), unrolled=True)
         programs[flag] = jitted.lower(jax.random.key(2), states).compile().as_text()
         results[flag] = jitted(jax.random.key(2), states)
-    assert "conditional(" in programs[True] and "conditional(" not in programs[False]
+    conditionals = {flag: program.count("conditional(") for flag, program in programs.items()}
+    assert conditionals[True] > conditionals[False] == (1 if base else 0)
     jax.tree.map(np.testing.assert_array_equal, results[True], results[False])
     terminated, truncated = results[True][1][2], results[True][1][3]
     assert int(jnp.sum(terminated | truncated)) >= num_envs, "the test needs episode ends"
@@ -401,3 +407,68 @@ def test_runner__separates_pendulums_step_outputs_by_default_with_the_same_episo
                 np.testing.assert_array_equal(a, b)
         assert results[flag][1] == results[False][1]
         jax.tree.map(np.testing.assert_array_equal, results[flag][2], results[False][2])
+
+
+def test_separate_draws__same_values_each_draw_in_a_conditional_also_in_nested_jits():
+    """`separate_draws` keeps a function's values bit for bit (under `vmap`, with draws in
+    nested jits, splits and folds, and a `lax.cond` it leaves as it is) and puts the output
+    of every hash it computes through a conditional of the compiled CPU program."""
+    from jaxrunner import lowering
+    from jaxrunner.core.autoreset import always_true, separate_draws
+
+    @jax.jit
+    def inner(key):
+        return jax.random.normal(jax.random.fold_in(key, 7), (3,))
+
+    def reset(key, scale):
+        first, second = jax.random.split(key)
+        noise = inner(second)
+        pick = jax.lax.cond(scale > 0, lambda x: x * scale, lambda x: -x, noise)
+        return {"uniform": jax.random.uniform(first, (4,)) * scale, "normal": pick,
+                "count": jnp.int32(3)}
+
+    keys = jax.random.split(jax.random.key(5), 64)
+
+    def run(separate, keys, scale):
+        gate = always_true(keys[0])
+        fn = separate_draws(reset, gate) if separate else reset
+        return jax.vmap(fn, in_axes=(0, None))(keys, scale)
+
+    results, programs = {}, {}
+    for flag in (False, True):
+        jitted = lowering.jit(functools.partial(run, flag), unrolled=True)
+        programs[flag] = jitted.lower(keys, 2.0).compile().as_text()
+        results[flag] = jitted(keys, 2.0)
+    jax.tree.map(np.testing.assert_array_equal, results[True], results[False])
+    assert results[True]["count"].dtype == jnp.int32
+    # The split, the fold and the two draws: four conditionals more than the user's own.
+    assert (programs[True].count("conditional(") - programs[False].count("conditional(")
+            == 4)
+
+
+@pytest.mark.parametrize("env_id, num_envs, expected", [
+    ("CartPole-v1", 16, False), ("CartPole-v1", 2048, True), ("Pendulum-v1", 2048, False)])
+def test_chunk__separates_reset_draws_from_the_size_on_where_the_reset_is_separated(
+        monkeypatch, env_id, num_envs, expected):
+    """The chunk draws a separated reset's random bits apart from
+    `SEPARATE_DRAWS_MIN_ENVS` sub-envs on (`chunk.SEPARATE_RESET_DRAWS = "auto"`), and
+    only where the reset itself is separated (CartPole's, not Pendulum's)."""
+    import jaxrunner
+    from jaxrunner import lowering
+    from jaxrunner.core import chunk
+
+    seen = []
+    original = chunk.make_env_step
+
+    def recording(*args, **kwargs):
+        if lowering.unrolled_threefry_active():  # where resets are separated at all
+            seen.append(kwargs["separate_resets"] and kwargs["separate_draws"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(chunk, "make_env_step", recording)
+    sampler = jaxrunner.make_sampler(jaxrunner.RunnerConfig().environment(env_id).env_runners(
+        num_envs_per_env_runner=num_envs, rollout_fragment_length=4))
+    state = jax.eval_shape(sampler.init, sampler.default_key)
+    with lowering.unrolled_threefry():
+        jax.eval_shape(sampler.sample, state, sampler.params)
+    assert seen == [expected]

@@ -82,6 +82,8 @@ def test_make_scan_rollout__matches_a_python_loop_over_the_same_functions():
     ("separate_outputs.py", "Pendulum-v1:4", {"fused", "auto", "all"},
      ("auto_separates", ["obs"])),
     ("separate_resets.py", "CartPole-v1:4", {"fused", "separate"}, ("auto_separates", True)),
+    ("separate_draws.py", "CartPole-v1:4", {"together", "apart"},
+     ("auto_separates_draws", False)),
     ("proven_finite.py", "Breakout-MinAtar:4", {"proven", "tested", "check_off"},
      ("proven", [True])),
     ("narrow_store.py", "Breakout-MinAtar:4", {"narrow", "float"},

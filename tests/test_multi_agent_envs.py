@@ -143,9 +143,11 @@ def test_jaxmarl_adapter__mpe_simple_spread():
     assert all(bool(v) for v in env.agents_to_act(state, params).values())
 
 
-def test_step_with_keys__separate_reset_gives_the_same_steps():
+@pytest.mark.parametrize("separate_draws", [False, True])
+def test_step_with_keys__separate_reset_gives_the_same_steps(separate_draws):
     """A multi-agent env's vector step with `separate_resets` (its reset drawn in a kernel
-    of its own on CPU) equals the fused one bit for bit, over steps that end episodes."""
+    of its own on CPU), and with `separate_draws` (its random bits too), equals the fused
+    one bit for bit, over steps that end episodes."""
     from jaxrunner import lowering
     from jaxrunner.core.autoreset import make_env_step
     from jaxrunner.core.multi_agent_rollout import multi_agent_step_fns
@@ -157,7 +159,8 @@ def test_step_with_keys__separate_reset_gives_the_same_steps():
     num_envs = 16
 
     def rollout(separate, key, states):
-        step = make_env_step(fns, num_envs, "gymnax", 1, separate_resets=separate)
+        step = make_env_step(fns, num_envs, "gymnax", 1, separate_resets=separate,
+                             separate_draws=separate and separate_draws)
 
         def body(states, key):
             key_act, key_step = jax.random.split(key)

@@ -34,7 +34,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrunner.core.dependence import (outputs_reading_first, primitives_only_for,
+from jaxrunner.core.dependence import (called_jaxpr, outputs_reading_first, primitives_only_for,
                                       reads_first_argument)
 from jaxrunner.core.faults import select_rows
 
@@ -188,7 +188,8 @@ def step_outputs_to_separate(fns: EnvStepFns, key: jax.Array, states: Any, actio
 
 def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio: int,
                   step_keys: bool = True, separate_resets: bool = False,
-                  separate_outputs: tuple[str, ...] = ()) -> VectorEnvStep:
+                  separate_outputs: tuple[str, ...] = (), separate_draws: bool = False
+                  ) -> VectorEnvStep:
     """The `VectorEnvStep` over the `B` sub-envs, with auto-reset in the same step (see the
     module docstring for the two modes and the keys).
 
@@ -201,7 +202,8 @@ def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio
     transition gets the step's first key, which it ignores.
 
     `separate_resets` (for "gymnax" with `fns.takes_reset_gate`): every sub-env's reset is
-    computed in a kernel of its own on CPU (`separate_reset`); `separate_outputs` (for
+    computed in a kernel of its own on CPU (`separate_reset`), and with `separate_draws`
+    so are its random draws (`separate_draws`); `separate_outputs` (for
     "gymnax" with `fns.takes_outputs_gate`; names of `STEP_OUTPUTS`): so are those
     outputs of every sub-env's step, before anything reads them (see
     `step_outputs_to_separate`)."""
@@ -217,7 +219,9 @@ def make_env_step(fns: EnvStepFns, num_envs: int, mode: str, partial_reset_ratio
         outputs = tuple(separate_outputs) if fns.takes_outputs_gate else ()
 
         def gated(step_key, reset_key, state, action, params, gate):
-            gates = {"reset_gate": gate} if separate_resets and fns.takes_reset_gate else {}
+            gates = {}
+            if separate_resets and fns.takes_reset_gate:
+                gates.update(reset_gate=gate, separate_reset_draws=separate_draws)
             if outputs:
                 gates.update(outputs_gate=gate, separated_outputs=outputs)
             return auto_step(step_key, reset_key, state, action, params, **gates)
@@ -294,6 +298,82 @@ def separate_reset(tree: Any, gate: jax.Array) -> Any:
                                       default=lambda tree, gate: tree)
 
 
+# The primitives that compute Threefry hashes of a key (`separate_draws`).
+DRAW_PRIMITIVES = frozenset({"random_bits", "random_split", "random_fold_in"})
+
+# From this many sub-envs on, a separated reset (`make_env_step`'s `separate_resets`) also
+# draws its random bits in kernels of their own (`separate_draws`). Same-process A/B on the
+# 2-core CPU (`benchmarks/separate_draws.py`, `benchmarks/results/separate_draws/`, two
+# runs, ratios to the bare scan, together / apart): multi-agent CartPole 0.83 / 1.03 and
+# 0.82 / 1.03 at 4096 sub-envs, 0.99 / 1.21 at 2048, but 1.32 / 1.22 and 1.26 / 1.20 at
+# 1024 and 1.16 / 1.05 at 128 (each separated draw adds a kernel a step); CartPole
+# 0.98 / 0.99 and 0.97 / 0.94 at 4096, 0.96 / 1.01 at 2048, 1.29 / 1.38 and 1.36 / 1.41
+# at 1024.
+SEPARATE_DRAWS_MIN_ENVS = 2048
+
+
+def separate_draws(fn: Callable, gate: jax.Array) -> Callable:
+    """`fn` with the random bits and keys of every hash it computes (`DRAW_PRIMITIVES`,
+    also inside the jitted functions it calls) computed into memory in a kernel of their
+    own on CPU (`separate_reset` with `gate`, `always_true`'s () bool); same values.
+
+    A reset draws a few words per sub-env and builds several outputs from them (CartPole's
+    four state fields and its observation). With the unrolled hash, XLA:CPU computes each
+    output in a fusion of its own and hashes again in every one of them (a profile of
+    multi-agent CartPole at 4096 sub-envs: six fusions a step, each hashing all sub-envs'
+    draws, a quarter of the chunk's kernel time); drawn apart, each output reads the
+    words from memory."""
+    def wrapped(*args: Any) -> Any:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+        out = _eval_separating_draws(closed.jaxpr, list(closed.consts), jax.tree.leaves(args),
+                                     gate)
+        return jax.tree.unflatten(jax.tree.structure(out_shape), out)
+
+    return wrapped
+
+
+def _draws_in(jaxpr: Any) -> bool:
+    """Whether `jaxpr` or a call it makes (`called_jaxpr`) computes a hash."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in DRAW_PRIMITIVES:
+            return True
+        inner = called_jaxpr(eqn)
+        if inner is not None and _draws_in(inner[0]):
+            return True
+    return False
+
+
+def _eval_separating_draws(jaxpr: Any, consts: list, args: list, gate: jax.Array) -> list:
+    """Evaluates `jaxpr` on `args` (`jax.core.eval_jaxpr`'s loop), separating the outputs
+    of every hash (`separate_draws`); calls that hash are inlined, other higher-order
+    primitives (cond, scan, while) run as they are."""
+    values: dict = {}
+
+    def read(var: Any) -> Any:
+        return var.val if hasattr(var, "val") else values[var]
+
+    for var, value in zip(jaxpr.constvars, consts):
+        values[var] = value
+    for var, value in zip(jaxpr.invars, args):
+        values[var] = value
+    for eqn in jaxpr.eqns:
+        operands = [read(var) for var in eqn.invars]
+        inner = called_jaxpr(eqn)
+        if inner is not None and _draws_in(inner[0]):
+            outs = _eval_separating_draws(inner[0], inner[1], operands, gate)
+        else:
+            params = eqn.primitive.get_bind_params(eqn.params)
+            subfuns, params = params if isinstance(params, tuple) else ((), params)
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*subfuns, *operands, **params)
+            outs = list(outs) if eqn.primitive.multiple_results else [outs]
+            if eqn.primitive.name in DRAW_PRIMITIVES:
+                outs = list(separate_reset(tuple(outs), gate))
+        for var, value in zip(eqn.outvars, outs):
+            values[var] = value
+    return [read(var) for var in jaxpr.outvars]
+
+
 def select_where(done: jax.Array, new: Any, old: Any) -> Any:
     """`new` where the () bool `done`, else `old`, leaf by leaf (one sub-env's reset)."""
     return jax.tree.map(lambda n, o: jax.lax.select(done, n, o), new, old)
@@ -305,7 +385,8 @@ def _gymnax_auto_step_with_keys(env: Any, step_without_reset: Callable) -> Calla
     reset selected where the episode ended, and the step's info (`terminated`,
     `truncated`, `final_observation`)."""
     def auto_step_with_keys(step_key, reset_key, state, action, params, reset_gate=None,
-                            outputs_gate=None, separated_outputs=STEP_OUTPUTS):
+                            outputs_gate=None, separated_outputs=STEP_OUTPUTS,
+                            separate_reset_draws=False):
         if params is None:
             params = env.default_params
         obs_step, state_step, reward, terminated, truncated, info = step_without_reset(
@@ -316,7 +397,10 @@ def _gymnax_auto_step_with_keys(env: Any, step_without_reset: Callable) -> Calla
                                           outputs_gate))
             obs_step, reward, terminated, truncated = (outputs[name] for name in STEP_OUTPUTS)
         done = jnp.logical_or(terminated, truncated)
-        obs_reset, state_reset = env.reset_env(reset_key, params)
+        reset = env.reset_env
+        if reset_gate is not None and separate_reset_draws:
+            reset = separate_draws(reset, reset_gate)
+        obs_reset, state_reset = reset(reset_key, params)
         if reset_gate is not None:
             obs_reset, state_reset = separate_reset((obs_reset, state_reset), reset_gate)
         info = {**info, "terminated": terminated, "truncated": truncated,
@@ -354,7 +438,8 @@ def gymnax_step_fns(env: Any) -> EnvStepFns:
                       takes_outputs_gate=has_base_gymnax_step(env))
 
 
-__all__ = ["AUTORESET_MODES", "EnvStepFns", "STEP_OUTPUTS", "TRANSCENDENTAL_PRIMITIVES",
-           "VectorEnvStep", "always_true", "check_partial_autoreset_env", "gymnax_step_fns",
+__all__ = ["AUTORESET_MODES", "DRAW_PRIMITIVES", "EnvStepFns", "STEP_OUTPUTS", "TRANSCENDENTAL_PRIMITIVES",
+           "SEPARATE_DRAWS_MIN_ENVS", "VectorEnvStep", "always_true", "check_partial_autoreset_env", "gymnax_step_fns",
            "has_base_gymnax_step", "make_env_step", "outputs_work", "reset_spreads_its_draw",
-           "select_where", "separate_reset", "step_outputs_to_separate", "step_reads_key"]
+           "select_where", "separate_draws", "separate_reset", "step_outputs_to_separate",
+           "step_reads_key"]

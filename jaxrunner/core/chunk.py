@@ -58,8 +58,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrunner import lowering
-from jaxrunner.core.autoreset import (STEP_OUTPUTS, make_env_step, reset_spreads_its_draw,
-                                     step_outputs_to_separate, step_reads_key)
+from jaxrunner.core.autoreset import (SEPARATE_DRAWS_MIN_ENVS, STEP_OUTPUTS, make_env_step,
+                                     reset_spreads_its_draw, step_outputs_to_separate,
+                                     step_reads_key)
 from jaxrunner.core.callbacks import EpisodeStart, batched_info, per_env_struct
 from jaxrunner.core.carry import ChunkInfo, MetricRegisters
 from jaxrunner.core.faults import has_large_float_leaf, recreate_failed, step_failed
@@ -77,6 +78,10 @@ POLICY_MODES = ("explore", "inference", "random")
 # the draw is a loop XLA does not fuse into its readers, and the separating conditional
 # only adds a branch of about 50 instructions to compile (CartPole's fused PPO).
 SEPARATE_RESETS: bool | str = "auto"
+# Whether a separated reset also draws its random bits in kernels of their own
+# (`jaxrunner.core.autoreset.separate_draws`): "auto" from `SEPARATE_DRAWS_MIN_ENVS`
+# sub-envs on; True and False are for A/B benchmarks (`benchmarks/separate_draws.py`).
+SEPARATE_RESET_DRAWS: bool | str = "auto"
 # Which outputs of each sub-env's step (observation, reward, flags) "gymnax"-mode rollouts
 # compute in a kernel of their own on CPU, with either Threefry lowering: "auto" those
 # whose work beyond the next state's has a transcendental function
@@ -262,7 +267,9 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             bound[name] = make_env_step(
                 step_fns, num_envs, spec.autoreset_mode, spec.partial_reset_ratio,
                 step_keys=step_keys, separate_resets=bool(separate),
-                separate_outputs=separate_outputs)
+                separate_outputs=separate_outputs,
+                separate_draws=(SEPARATE_RESET_DRAWS is True or SEPARATE_RESET_DRAWS == "auto"
+                                and num_envs >= SEPARATE_DRAWS_MIN_ENVS))
         return bound[name]
 
     def obs_facts(env_step: Any, keys: Any, carry: Any, env_actions: Any,

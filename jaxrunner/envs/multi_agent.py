@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrunner.core.autoreset import select_where, separate_reset
+from jaxrunner.core.autoreset import select_where, separate_draws, separate_reset
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.registry import make_jax_env, register_env
 
@@ -114,12 +114,14 @@ class MultiAgentEnv(abc.ABC):
         return self.step_with_keys(key_step, key_reset, state, actions, params)
 
     def step_with_keys(self, key_step: jax.Array, key_reset: jax.Array, state: Any,
-                       actions: dict, params: Any = None, reset_gate: jax.Array | None = None
+                       actions: dict, params: Any = None, reset_gate: jax.Array | None = None,
+                       separate_reset_draws: bool = False
                        ) -> tuple[dict, Any, dict, dict, dict, dict]:
         """`step` with the step and reset keys it splits from its key given (the
         compiled runner draws both in its one key split per vector step). With
         `reset_gate` (`jaxrunner.core.autoreset.always_true`), the reset is computed in a
-        kernel of its own on CPU (`separate_reset`); same values."""
+        kernel of its own on CPU (`separate_reset`), and with `separate_reset_draws` so
+        are its random draws (`separate_draws`); same values."""
         if params is None:
             params = self.default_params
         acting = self.agents_to_act(state, params)
@@ -131,7 +133,10 @@ class MultiAgentEnv(abc.ABC):
         self._check_keys("step() terminateds", terminateds, with_all=True)
         self._check_keys("step() truncateds", truncateds, with_all=True)
         done = jnp.logical_or(terminateds[ALL], truncateds[ALL])
-        obs_re, state_re = self.reset_env(key_reset, params)
+        reset = self.reset_env
+        if reset_gate is not None and separate_reset_draws:
+            reset = separate_draws(reset, reset_gate)
+        obs_re, state_re = reset(key_reset, params)
         if reset_gate is not None:
             obs_re, state_re = separate_reset((obs_re, state_re), reset_gate)
         state = select_where(done, state_re, state_st)
