@@ -32,8 +32,9 @@ from jaxrunner.benchmarking import switched  # noqa: E402
 from jaxrunner.core import chunk  # noqa: E402
 from jaxrunner.core.autoreset import SEPARATE_DRAWS_MIN_ENVS  # noqa: E402
 
-CASES = (("CartPole-v1", 64), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
-         ("MultiAgentCartPole-v1", 128), ("MultiAgentCartPole-v1", 1024),
+CASES = (("CartPole-v1", 64), ("CartPole-v1", 1024), ("CartPole-v1", 2048),
+         ("CartPole-v1", 4096), ("MultiAgentCartPole-v1", 128),
+         ("MultiAgentCartPole-v1", 1024), ("MultiAgentCartPole-v1", 2048),
          ("MultiAgentCartPole-v1", 4096))
 
 

@@ -173,8 +173,11 @@ def test_step_with_keys__separate_reset_gives_the_same_steps(separate_draws):
 
     _, states = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(jax.random.key(3), num_envs), params)
-    results = [lowering.jit(rollout, static_argnums=0, unrolled=True)(flag, jax.random.key(4),
-                                                                      states)
-               for flag in (False, True)]
+    jitted = lowering.jit(rollout, static_argnums=0, unrolled=True)
+    results = [jitted(flag, jax.random.key(4), states) for flag in (False, True)]
     jax.tree.map(np.testing.assert_array_equal, results[0], results[1])
+    # The reset in a conditional of its own, and with separate_draws its draws in more.
+    conditionals = jitted.lower(True, jax.random.key(4), states).compile().as_text().count(
+        "conditional(")
+    assert conditionals > 1 if separate_draws else conditionals == 1
     assert int(jnp.sum(results[0][1][2][ALL])) >= num_envs, "the test needs episode ends"

@@ -33,9 +33,10 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.extend.core import Literal
 
-from jaxrunner.core.dependence import (called_jaxpr, outputs_reading_first, primitives_only_for,
-                                      reads_first_argument)
+from jaxrunner.core.dependence import (called_jaxpr, outputs_reading_first,
+                                       primitives_only_for, reads_first_argument)
 from jaxrunner.core.faults import select_rows
 
 AUTORESET_MODES = ("gymnax", "partial")
@@ -350,7 +351,7 @@ def _eval_separating_draws(jaxpr: Any, consts: list, args: list, gate: jax.Array
     values: dict = {}
 
     def read(var: Any) -> Any:
-        return var.val if hasattr(var, "val") else values[var]
+        return var.val if isinstance(var, Literal) else values[var]
 
     for var, value in zip(jaxpr.constvars, consts):
         values[var] = value
@@ -362,16 +363,27 @@ def _eval_separating_draws(jaxpr: Any, consts: list, args: list, gate: jax.Array
         if inner is not None and _draws_in(inner[0]):
             outs = _eval_separating_draws(inner[0], inner[1], operands, gate)
         else:
-            params = eqn.primitive.get_bind_params(eqn.params)
-            subfuns, params = params if isinstance(params, tuple) else ((), params)
             with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*subfuns, *operands, **params)
+                outs = eqn.primitive.bind(*operands,
+                                          **eqn.primitive.get_bind_params(eqn.params))
             outs = list(outs) if eqn.primitive.multiple_results else [outs]
             if eqn.primitive.name in DRAW_PRIMITIVES:
                 outs = list(separate_reset(tuple(outs), gate))
         for var, value in zip(eqn.outvars, outs):
             values[var] = value
     return [read(var) for var in jaxpr.outvars]
+
+
+def gated_reset(reset: Callable, key: jax.Array, params: Any, reset_gate: Any,
+                separate_reset_draws: bool = False) -> Any:
+    """One sub-env's `reset(key, params)`. With `reset_gate` (`always_true`'s () bool) it
+    is computed in a kernel of its own on CPU (`separate_reset`), and with
+    `separate_reset_draws` so are its random draws (`separate_draws`); same values."""
+    if reset_gate is None:
+        return reset(key, params)
+    if separate_reset_draws:
+        reset = separate_draws(reset, reset_gate)
+    return separate_reset(reset(key, params), reset_gate)
 
 
 def select_where(done: jax.Array, new: Any, old: Any) -> Any:
@@ -397,12 +409,8 @@ def _gymnax_auto_step_with_keys(env: Any, step_without_reset: Callable) -> Calla
                                           outputs_gate))
             obs_step, reward, terminated, truncated = (outputs[name] for name in STEP_OUTPUTS)
         done = jnp.logical_or(terminated, truncated)
-        reset = env.reset_env
-        if reset_gate is not None and separate_reset_draws:
-            reset = separate_draws(reset, reset_gate)
-        obs_reset, state_reset = reset(reset_key, params)
-        if reset_gate is not None:
-            obs_reset, state_reset = separate_reset((obs_reset, state_reset), reset_gate)
+        obs_reset, state_reset = gated_reset(env.reset_env, reset_key, params, reset_gate,
+                                             separate_reset_draws)
         info = {**info, "terminated": terminated, "truncated": truncated,
                 "final_observation": obs_step}
         return (select_where(done, obs_reset, obs_step),
@@ -438,8 +446,9 @@ def gymnax_step_fns(env: Any) -> EnvStepFns:
                       takes_outputs_gate=has_base_gymnax_step(env))
 
 
-__all__ = ["AUTORESET_MODES", "DRAW_PRIMITIVES", "EnvStepFns", "STEP_OUTPUTS", "TRANSCENDENTAL_PRIMITIVES",
-           "SEPARATE_DRAWS_MIN_ENVS", "VectorEnvStep", "always_true", "check_partial_autoreset_env", "gymnax_step_fns",
+__all__ = ["AUTORESET_MODES", "DRAW_PRIMITIVES", "EnvStepFns", "SEPARATE_DRAWS_MIN_ENVS",
+           "STEP_OUTPUTS", "TRANSCENDENTAL_PRIMITIVES", "VectorEnvStep", "always_true",
+           "check_partial_autoreset_env", "gated_reset", "gymnax_step_fns",
            "has_base_gymnax_step", "make_env_step", "outputs_work", "reset_spreads_its_draw",
            "select_where", "separate_draws", "separate_reset", "step_outputs_to_separate",
            "step_reads_key"]

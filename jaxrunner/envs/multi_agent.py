@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrunner.core.autoreset import select_where, separate_draws, separate_reset
+from jaxrunner.core.autoreset import gated_reset, select_where
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.envs.registry import make_jax_env, register_env
 
@@ -120,8 +120,8 @@ class MultiAgentEnv(abc.ABC):
         """`step` with the step and reset keys it splits from its key given (the
         compiled runner draws both in its one key split per vector step). With
         `reset_gate` (`jaxrunner.core.autoreset.always_true`), the reset is computed in a
-        kernel of its own on CPU (`separate_reset`), and with `separate_reset_draws` so
-        are its random draws (`separate_draws`); same values."""
+        kernel of its own on CPU, and with `separate_reset_draws` so are its random draws
+        (`jaxrunner.core.autoreset.gated_reset`); same values."""
         if params is None:
             params = self.default_params
         acting = self.agents_to_act(state, params)
@@ -133,12 +133,8 @@ class MultiAgentEnv(abc.ABC):
         self._check_keys("step() terminateds", terminateds, with_all=True)
         self._check_keys("step() truncateds", truncateds, with_all=True)
         done = jnp.logical_or(terminateds[ALL], truncateds[ALL])
-        reset = self.reset_env
-        if reset_gate is not None and separate_reset_draws:
-            reset = separate_draws(reset, reset_gate)
-        obs_re, state_re = reset(key_reset, params)
-        if reset_gate is not None:
-            obs_re, state_re = separate_reset((obs_re, state_re), reset_gate)
+        obs_re, state_re = gated_reset(self.reset_env, key_reset, params, reset_gate,
+                                       separate_reset_draws)
         state = select_where(done, state_re, state_st)
         obs = select_where(done, obs_re, obs_st)
         infos = {**dict(infos), "final_observation": obs_st}
