@@ -86,7 +86,7 @@ def test_make_scan_rollout__matches_a_python_loop_over_the_same_functions():
      ("auto_separates_draws", False)),
     ("proven_finite.py", "Breakout-MinAtar:4", {"proven", "tested", "check_off"},
      ("proven", [True])),
-    ("narrow_store.py", "Breakout-MinAtar:4", {"narrow", "float"},
+    ("narrow_store.py", "Breakout-MinAtar:4", {"narrow", "float_trajectory", "float"},
      ("store_dtypes", ["uint8"]))])
 def test_same_process_ab_scripts__write_every_side_and_the_default_they_pick(
         tmp_path, script, case, sides, extra):

@@ -145,13 +145,57 @@ def test_runner__minatar_store_kept_in_uint8_with_the_same_samples():
         "episode_return_mean"]
 
 
+def test_runner__minatar_trajectory_obs_kept_in_uint8_and_read_widened():
+    """The chunk records MinAtar's float32 grids in uint8 (`Trajectory.stored_obs`);
+    every reader (`Trajectory.obs`, the dense final observations, host episodes and their
+    lookback, the PPO update, the pure sampler) sees the float32 values it saw before."""
+    from jaxrunner.learners.ppo import PPOConfig, PPOLearner
+
+    narrow = jr.SingleAgentEnvRunner(config=_config(num_envs=16))
+    with switched(chunk, "NARROW_TRAJECTORY_OBS", False):  # read at the chunk's first trace
+        wide = jr.SingleAgentEnvRunner(config=_config(num_envs=16))
+        wide_batches = [wide.sample(num_timesteps=16 * 50) for _ in range(2)]
+    narrow_batches = [narrow.sample(num_timesteps=16 * 50) for _ in range(2)]
+    a_chunk, b_chunk = narrow_batches[0].chunks[0], wide_batches[0].chunks[0]
+    assert (a_chunk.stored_obs.dtype, a_chunk.obs_dtypes) == (U8, (F32,))
+    assert (b_chunk.stored_obs.dtype, b_chunk.obs_dtypes) == (F32, None)
+    assert a_chunk.stored_obs.nbytes * 4 == b_chunk.stored_obs.nbytes
+    for a_batch, b_batch in zip(narrow_batches, wide_batches):
+        a, b = a_batch.trajectory(), b_batch.trajectory()
+        assert a.obs.dtype == a.final_obs.dtype == F32  # device arrays, read eagerly
+        a_host, b_host = jax.device_get((a, b))
+        for field in ("obs", "final_obs", "actions", "rewards", "terminated", "truncated"):
+            np.testing.assert_array_equal(getattr(a_host, field), getattr(b_host, field),
+                                          err_msg=field)
+        assert a_host.obs.dtype == np.float32 and a_host.obs.any()
+        episodes_a, episodes_b = list(a_batch), list(b_batch)
+        assert len(episodes_a) == len(episodes_b) >= 16
+        for x, y in zip(episodes_a, episodes_b):
+            for obs_x, obs_y in ((x.get_observations(), y.get_observations()),
+                                 (x.lookback_observations, y.lookback_observations)):
+                assert np.asarray(obs_x).dtype == np.float32
+                np.testing.assert_array_equal(obs_x, obs_y)
+    # The second call's cut episodes carry lookback rolled from the narrow trajectory.
+    assert any(len(e.lookback_observations) for e in narrow_batches[1])
+    # The PPO update reads the widened observations inside its jit: the same update.
+    learner = PPOLearner.from_runner(narrow, PPOConfig(num_epochs=1, num_minibatches=2))
+    (a_state, a_stats), (b_state, b_stats) = (
+        learner._update(learner.state, batch.trajectory())
+        for batch in (narrow_batches[1], wide_batches[1]))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get((a_state.params, a_stats)),
+                 jax.device_get((b_state.params, b_stats)))
+
+
 def test_runner__a_small_observation_or_one_not_only_integers_keeps_its_dtype():
     runner = jr.SingleAgentEnvRunner(config=_config("CartPole-v1", num_envs=4))
-    assert runner.sample(num_timesteps=40).chunks[0].final_obs_store.obs.dtype == F32
+    first = runner.sample(num_timesteps=40).chunks[0]
+    assert first.final_obs_store.obs.dtype == first.stored_obs.dtype == F32
+    assert first.obs_dtypes is None
     # Breakout's grid with a NaN written into it: large, but not only small integers.
     runner = jr.SingleAgentEnvRunner(config=_config(num_envs=8).environment(
         NanOnceBreakout()).fault_tolerance(restart_failed_sub_environments=True))
-    assert runner.sample(num_timesteps=80).chunks[0].final_obs_store.obs.dtype == F32
+    first = runner.sample(num_timesteps=80).chunks[0]
+    assert first.final_obs_store.obs.dtype == first.stored_obs.dtype == F32
 
 
 def test_runner__the_step_is_traced_once_for_both_the_check_and_the_store(monkeypatch):

@@ -59,6 +59,42 @@ class RolloutCarry:
     callbacks: Any = None  # core.callbacks.CallbackCarry with device callbacks, else None
 
 
+def widen_obs(stored: Any, dtypes: tuple | None) -> Any:
+    """The observation pytree `stored` with each leaf cast to its dtype in `dtypes` (one
+    per leaf, flattened order; None: `stored` itself). Leaves may be jax or numpy arrays
+    or `jax.ShapeDtypeStruct`s; a leaf already in its dtype is returned as it is."""
+    if dtypes is None:
+        return stored
+    leaves, treedef = jax.tree.flatten(stored)
+    if len(leaves) != len(dtypes):
+        raise ValueError(f"widen_obs: {len(dtypes)} dtypes for an observation of "
+                         f"{len(leaves)} leaves; pass one dtype per leaf.")
+
+    def widen(leaf, dtype):
+        if leaf.dtype == dtype:
+            return leaf
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(leaf.shape, dtype)
+        return leaf.astype(dtype)
+
+    return treedef.unflatten([widen(x, d) for x, d in zip(leaves, dtypes)])
+
+
+def narrow_obs(obs: Any, stored_dtypes: Any) -> tuple[Any, tuple | None]:
+    """`(stored, obs_dtypes)`: the observation pytree `obs` with each leaf cast to its
+    dtype in `stored_dtypes` (a pytree of dtypes like `obs`, each holding the leaf's
+    values exactly; None: no leaf is narrowed), and the leaves' own dtypes for
+    `widen_obs` (None when no leaf changes dtype)."""
+    if stored_dtypes is None:
+        return obs, None
+    leaves, treedef = jax.tree.flatten(obs)
+    targets = treedef.flatten_up_to(stored_dtypes)
+    if all(jnp.dtype(d) == x.dtype for x, d in zip(leaves, targets)):
+        return obs, None
+    return (treedef.unflatten([x.astype(d) for x, d in zip(leaves, targets)]),
+            tuple(jnp.dtype(x.dtype) for x in leaves))
+
+
 TERMINATED_FLAG, TRUNCATED_FLAG, FAILED_FLAG = 1, 2, 4
 
 
@@ -78,7 +114,10 @@ class Trajectory:
     Steps with `valid[t] == False` were not taken (the chunk stopped early) and hold zeros.
     """
 
-    obs: Any  # (T, B, *obs_shape): observation each action was taken on
+    # (T, B, *obs_shape): the observation each action was taken on, as stored: leaves the
+    # env only ever fills with small integers may be kept in a narrower integer dtype that
+    # holds them exactly (`obs_dtypes`). Read them as the `obs` property.
+    stored_obs: Any
     actions: jax.Array  # (T, B, *act_shape): action the module chose (before clipping)
     rewards: jax.Array  # (T, B) float32
     # (T, B) uint8: the step's end flags packed in one byte (`pack_step_flags`); read them
@@ -95,6 +134,16 @@ class Trajectory:
     episode_return: jax.Array | None
     episode_len: jax.Array | None
     valid: jax.Array  # (T,) bool
+    # The dtype of each `stored_obs` leaf (flattened order) as the env returns it, when
+    # some leaf is stored narrower; None: every leaf is stored in its own dtype.
+    obs_dtypes: tuple | None = struct.field(pytree_node=False, default=None)
+
+    @property
+    def obs(self) -> Any:
+        """(T, B, *obs_shape): the observation each action was taken on, in the env's own
+        dtypes (`stored_obs` widened where it is kept narrower; the same values). Works on
+        device arrays (inline under a trace), numpy arrays and `jax.ShapeDtypeStruct`s."""
+        return widen_obs(self.stored_obs, self.obs_dtypes)
 
     @property
     def terminated(self) -> jax.Array:

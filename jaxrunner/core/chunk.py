@@ -98,6 +98,13 @@ PROVE_OBS_FINITE = True
 # `make_chunk_fns`; MinAtar's float32 grids in uint8: a quarter of the bytes). False keeps
 # the observation's own dtypes: for A/B benchmarks (`benchmarks/narrow_store.py`).
 NARROW_ROW_STORE = True
+# A layout that keeps its per-step observations narrow (`narrows_trajectory_obs`: the
+# single-agent one) stores the leaves the env only ever fills with small integers (reset
+# observations included) in the same narrow dtypes in the trajectory, `Trajectory.
+# stored_obs`; `Trajectory.obs` reads them widened back (MinAtar: a quarter of the bytes
+# written per step). False stores them in their own dtypes: for A/B benchmarks
+# (`benchmarks/narrow_store.py`).
+NARROW_TRAJECTORY_OBS = True
 
 
 class ObsFacts(NamedTuple):
@@ -105,10 +112,12 @@ class ObsFacts(NamedTuple):
     read). `known_finite`: a pytree of bools like the observation, the leaves finite by
     construction (`core.finiteness`), which the fault check leaves out. `store_dtypes`: a
     pytree of dtypes like it, those the row store keeps the leaves in, narrower where a
-    leaf only holds small integers (`core.value_range`)."""
+    leaf only holds small integers (`core.value_range`). `trajectory_dtypes`: the same
+    for the observations the trajectory records (next observations and reset ones)."""
 
     known_finite: Any = None
     store_dtypes: Any = None
+    trajectory_dtypes: Any = None
 
 
 def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
@@ -186,6 +195,8 @@ class StepOutcome:
     all_truncated: jax.Array  # (B,) bool
     failed: jax.Array  # (B,) bool
     ended: jax.Array  # (B,) bool
+    # The dtypes to record the observations in (`ObsFacts.trajectory_dtypes`), or None.
+    obs_record_dtypes: Any = struct.field(pytree_node=False, default=None)
 
 
 class ChunkFns(NamedTuple):
@@ -281,28 +292,37 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         if "obs_facts" not in bound:
             prove = spec.check_finite and PROVE_OBS_FINITE
             narrow = NARROW_ROW_STORE and getattr(layout, "row_store", None) is not None
+            narrow_record = (NARROW_TRAJECTORY_OBS
+                             and getattr(layout, "narrows_trajectory_obs", False))
             facts = ObsFacts()
-            if (prove or narrow) and has_large_float_leaf(carry.obs):
-                def final_and_stored(k, state, actions, p):
+            if (prove or narrow or narrow_record) and has_large_float_leaf(carry.obs):
+                stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+
+                def final_and_stored(k, reset_key, state, actions, p):
                     """The final observation (what the check tests) and, stacked, the
-                    next and final ones (what the row store holds)."""
+                    next and final ones (what the row store holds) and the next and
+                    reset ones (what the trajectory records: a chunk's first
+                    observations may come from `reset_all`)."""
                     next_obs, _, _, _, _, info = env_step.step(k, state, actions, p)
                     final_obs = info.get("final_observation", next_obs)
-                    return final_obs, jax.tree.map(lambda x, y: jnp.stack([x, y]),
-                                                   next_obs, final_obs)
+                    reset_obs, _ = reset_all(reset_key, p)
+                    return (final_obs, jax.tree.map(stack, next_obs, final_obs),
+                            jax.tree.map(stack, next_obs, reset_obs))
 
-                traced = trace_abstract(final_and_stored, keys, carry.env_state,
+                traced = trace_abstract(final_and_stored, keys, carry.key, carry.env_state,
                                         env_actions, env_params)
                 if traced is not None:
-                    closed, (final_shape, _) = traced
+                    closed, (final_shape, _, _) = traced
                     structure = jax.tree.structure(final_shape)
                     count = structure.num_leaves
+                    dtypes = output_storage_dtypes(closed)
                     facts = ObsFacts(
                         known_finite=jax.tree.unflatten(
                             structure, finite_outputs(closed)[:count]) if prove else None,
-                        store_dtypes=jax.tree.unflatten(
-                            structure, output_storage_dtypes(closed)[count:])
-                        if narrow else None)
+                        store_dtypes=jax.tree.unflatten(structure, dtypes[count:2 * count])
+                        if narrow else None,
+                        trajectory_dtypes=jax.tree.unflatten(structure, dtypes[2 * count:])
+                        if narrow_record else None)
             bound["obs_facts"] = facts
         return bound["obs_facts"]
 
@@ -356,7 +376,8 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         outcome = StepOutcome(next_obs=next_obs, env_state=env_state, reward=reward,
                               terminated=terminated, truncated=truncated, final_obs=final_obs,
                               all_terminated=all_terminated, all_truncated=all_truncated,
-                              failed=failed, ended=ended)
+                              failed=failed, ended=ended,
+                              obs_record_dtypes=facts.trajectory_dtypes)
         fields, record = layout.after_step(carry, acted, outcome, env_params)
         view = values = None
         if cbs is not None or want_view:

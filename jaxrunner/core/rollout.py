@@ -25,7 +25,7 @@ from jaxrunner.core.autoreset import (AUTORESET_MODES, check_partial_autoreset_e
                                       gymnax_step_fns)
 from jaxrunner.core.callbacks import StepView
 from jaxrunner.core.carry import (ChunkInfo, Lookback, RolloutCarry, Trajectory,
-                                  pack_step_flags)
+                                  narrow_obs, pack_step_flags)
 from jaxrunner.core.chunk import (POLICY_MODES, ChunkFns, check_policy_mode, make_chunk_fns,
                                   scan_while)
 from jaxrunner.core.faults import FAILURE_INFO_KEY, mark_step_failed
@@ -259,6 +259,9 @@ class SingleAgentLayout:
 
     carry_cls = RolloutCarry
     counts_agent_steps = False
+    # The trajectory keeps observation leaves that only hold small integers narrow
+    # (`jaxrunner.core.chunk.NARROW_TRAJECTORY_OBS`).
+    narrows_trajectory_obs = True
 
     def __init__(self, spec: RolloutSpec, mode: str):
         check_policy_mode(mode)
@@ -323,8 +326,10 @@ class SingleAgentLayout:
             prev_reward=jnp.where(ended, 0.0, step.reward),
             connector_state=connector_state,
             module_state=module_state)
+        stored_obs, obs_dtypes = narrow_obs(carry.obs, step.obs_record_dtypes)
         record = Trajectory(
-            obs=carry.obs, actions=actions, rewards=step.reward,
+            stored_obs=stored_obs, obs_dtypes=obs_dtypes, actions=actions,
+            rewards=step.reward,
             flags=pack_step_flags(step.all_terminated, step.all_truncated, step.failed),
             final_obs_store=(step.ended, step.final_obs), extra_model_outputs=extras,
             episode_return=None, episode_len=None, valid=jnp.ones((), jnp.bool_))

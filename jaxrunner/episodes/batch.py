@@ -119,14 +119,15 @@ class EpisodeBatch(Sequence):
         # Chunks may end early (a partial chunk, then a top-up chunk): keep taken steps.
         taken = np.flatnonzero(joined.valid)
         traj = jax.tree.map(lambda x: x[joined.valid], joined.replace(final_obs_store=None))
+        obs = traj.obs  # widened once (a trajectory may store it narrower)
 
         def final_obs_at(t: int, b: int):
             """The final observation of taken step `t` (of `traj`) on sub-env `b`."""
             row = final_row.get(int(taken[t]) * self.num_envs + b)
             if row is not None:
                 # A store may keep the rows in a narrower dtype holding them exactly.
-                return jax.tree.map(lambda x, o: x[row].astype(o.dtype), store.obs, traj.obs)
-            return jax.tree.map(lambda x: x[t + 1, b], traj.obs)  # the episode goes on
+                return jax.tree.map(lambda x, o: x[row].astype(o.dtype), store.obs, obs)
+            return jax.tree.map(lambda x: x[t + 1, b], obs)  # the episode goes on
         done = traj.terminated | traj.truncated  # (T, B)
         failed = traj.failed  # (T, B): the episode ending here is discarded
         ends_at = done | failed
@@ -148,7 +149,7 @@ class EpisodeBatch(Sequence):
                 pick = lambda tree: jax.tree.map(lambda x: x[steps, b], tree)  # noqa: E731
                 observations = jax.tree.map(
                     lambda o, f: np.concatenate([o[steps, b], f[None]], axis=0),
-                    traj.obs, final_obs_at(e - 1, b))
+                    obs, final_obs_at(e - 1, b))
                 if k == 0:
                     t_started = int(start_len[b])
                     n_lb = min(lookback_len, t_started)

@@ -332,7 +332,7 @@ class _ChunkBuffer:
         return np.arange(self.rewards.shape[0]) < self.rows
 
     def trajectory(self) -> Trajectory:
-        return Trajectory(obs=self.obs, actions=self.actions, rewards=self.rewards,
+        return Trajectory(stored_obs=self.obs, actions=self.actions, rewards=self.rewards,
                           flags=pack_step_flags(self.terminated, self.truncated, self.failed),
                           final_obs_store=store_from_dense(self.final_obs, self.valid),
                           extra_model_outputs=self.extras,
