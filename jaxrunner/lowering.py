@@ -27,10 +27,11 @@ Pendulum). At 4096, runners built both ways in one process (alternating rounds) 
 least as fast unrolled in every case (MinAtar 0.96 / 0.92 / 0.90 against 0.97 / 0.87 /
 0.85 of the bare scan, Pendulum 0.92 / 0.87 / 0.89 against 0.79 / 0.83 / 0.82, CartPole
 0.87 / 0.87 against 0.87 / 0.78, partial auto-reset 2.06x against 1.92x, multi-agent
-CartPole 0.84 / 0.88 against 0.70 / 0.73); at 16384 CartPole's MLP runner read 0.92
-against 0.94. Rollouts of more than
-`UNROLL_MAX_ENVS` sub-envs keep JAX's lowering (`unroll_for`). One-off
-programs (module params init) always compile unrolled.
+CartPole 0.84 / 0.88 against 0.70 / 0.73). At 16384 CartPole's MLP runner first read
+0.92 against 0.94; measured again after the reset's draws were separated, every case read
+faster unrolled from 16384 to 262144 sub-envs (see `UNROLL_MAX_ENVS`). Rollouts of more
+than `UNROLL_MAX_ENVS` sub-envs (262,144, the largest measured) keep JAX's lowering
+(`unroll_for`). One-off programs (module params init) always compile unrolled.
 
 When JAX's lowering registry cannot be reached (a JAX release that moved it), or the
 installed jaxlib is newer than the releases this was checked with
@@ -163,9 +164,17 @@ if UNROLLED_THREEFRY_AVAILABLE:
 
 # Up to 4096 sub-envs every measured case ran at least as fast unrolled (same-process
 # A/B of the two runners at 4096: CartPole, MinAtar, Pendulum, partial auto-reset,
-# multi-agent CartPole); at 16384 CartPole's MLP runner read 0.92 against 0.94 with JAX's
-# lowering (see the module docstring).
-UNROLL_MAX_ENVS = 4096
+# multi-agent CartPole). Above it, measured again once the long one-key split stayed a
+# loop and the resets and their draws were separated (same process,
+# `benchmarks/unroll_limit.py`, `benchmarks/results/unrolled_rng/unroll_limit*.json`;
+# ratios to the bare scan, unrolled against JAX's lowering): CartPole's MLP runner 1.01
+# against 0.93 at 16384 sub-envs, 1.10 against 1.00 at 65536, 1.01 against 0.85 at
+# 262144; partial auto-reset 1.58 / 1.67 against 1.46 / 1.47 at 16384 / 65536;
+# multi-agent CartPole 1.00 against 0.71 at 16384; Pendulum and Breakout-MinAtar at
+# 16384 1.00 / 1.19 against 1.02 / 1.23 (within this machine's run-to-run noise; a
+# scratch run the same day read 0.96 / 1.72 against 0.93 / 1.56). Larger rollouts (not
+# measured) keep JAX's lowering.
+UNROLL_MAX_ENVS = 262144
 
 
 def unroll_for(num_envs: int) -> bool:
