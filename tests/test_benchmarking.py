@@ -88,7 +88,9 @@ def test_make_scan_rollout__matches_a_python_loop_over_the_same_functions():
      ("proven", [True])),
     ("narrow_store.py", "Breakout-MinAtar:4", {"narrow", "float_trajectory", "float"},
      ("store_dtypes", ["uint8"])),
-    ("unroll_limit.py", "CartPole-v1+partial:4", {"unrolled", "jax"}, ("auto_unrolls", True))])
+    ("unroll_limit.py", "CartPole-v1+partial:4", {"unrolled", "jax"}, ("auto_unrolls", True)),
+    ("recorded_outputs.py", "CartPole-v1:4", {"recorded", "not_recorded"},
+     ("default_records", True))])
 def test_same_process_ab_scripts__write_every_side_and_the_default_they_pick(
         tmp_path, script, case, sides, extra):
     """The same-process A/B scripts run a tiny case end to end: every side's ratio to the
