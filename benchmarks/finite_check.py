@@ -26,9 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_process_a
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from same_process_ab import HIDDENS, NUM_STEPS, ab_main, runner_and_bare  # noqa: E402
+from same_process_ab import ab_main, runner_and_bare  # noqa: E402
 
-from jaxrunner.benchmarking import make_jaxrunner, switched  # noqa: E402
+from jaxrunner.benchmarking import switched  # noqa: E402
 from jaxrunner.core import faults  # noqa: E402
 
 CASES = (("CartPole-v1", 128), ("CartPole-v1", 1024), ("CartPole-v1", 4096),
@@ -55,8 +55,7 @@ def _sides(env_id: str, num_envs: int) -> dict:
     with switched(faults, "all_finite", all_finite_per_leaf):
         sides["per_leaf"] = runner()
     if not env_id.startswith("MultiAgent"):  # what the check costs at all
-        sides["check_off"] = make_jaxrunner(env_id, num_envs, NUM_STEPS, HIDDENS, False,
-                                            check_finite=False)[0]
+        sides["check_off"] = runner(check_finite=False)
     sides["bare_scan"] = bare()
     return sides
 

@@ -25,10 +25,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_process_ab
 
-from same_process_ab import (HIDDENS, NUM_STEPS, ab_main, gymnax_step_args,  # noqa: E402
-                             runner_and_bare)
+from same_process_ab import ab_main, gymnax_step_args, runner_and_bare  # noqa: E402
 
-from jaxrunner.benchmarking import make_jaxrunner, switched  # noqa: E402
+from jaxrunner.benchmarking import switched  # noqa: E402
 from jaxrunner.core import chunk  # noqa: E402
 
 CASES = (("Breakout-MinAtar", 1024), ("Breakout-MinAtar", 4096), ("Asterix-MinAtar", 1024),
@@ -41,8 +40,7 @@ def _sides(env_id: str, num_envs: int) -> dict:
     sides = {"proven": runner()}
     with switched(chunk, "PROVE_OBS_FINITE", False):  # read at the chunk's first trace
         sides["tested"] = runner()
-    sides["check_off"] = make_jaxrunner(env_id, num_envs, NUM_STEPS, HIDDENS, False,
-                                        check_finite=False)[0]
+    sides["check_off"] = runner(check_finite=False)
     sides["bare_scan"] = bare()
     return sides
 

@@ -20,10 +20,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_process_ab
 
-from same_process_ab import HIDDENS, NUM_STEPS, ab_main  # noqa: E402
+from same_process_ab import ab_main, runner_and_bare  # noqa: E402
 
 from jaxrunner import RunnerConfig  # noqa: E402
-from jaxrunner.benchmarking import make_bare_scan, make_jaxrunner  # noqa: E402
 
 CASES = (("CartPole-v1", 1024), ("CartPole-v1", 4096), ("CartPole-v1", 16384),
          ("Breakout-MinAtar", 4096))
@@ -31,12 +30,9 @@ CASES = (("CartPole-v1", 1024), ("CartPole-v1", 4096), ("CartPole-v1", 16384),
 
 def _sides(env_id: str, num_envs: int) -> dict:
     """`{"recorded": run, "not_recorded": run, "bare_scan": run}`, each `run()` one call."""
-    sides = {}
-    for name, record in (("recorded", True), ("not_recorded", False)):
-        sides[name] = make_jaxrunner(env_id, num_envs, NUM_STEPS, HIDDENS, False,
-                                     record_action_dist_inputs=record)[0]
-    sides["bare_scan"] = make_bare_scan(env_id, num_envs, NUM_STEPS, HIDDENS, False)
-    return sides
+    runner, bare = runner_and_bare(env_id, num_envs)
+    return {"recorded": runner(record_action_dist_inputs=True),
+            "not_recorded": runner(record_action_dist_inputs=False), "bare_scan": bare()}
 
 
 def main() -> None:

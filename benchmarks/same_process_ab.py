@@ -1,8 +1,10 @@
 """Shared pieces of the same-process A/B benchmarks (`separate_resets.py`,
-`separate_outputs.py`, `finite_check.py`): the sides of a case, the command line and the
-case loop.
+`separate_outputs.py`, `separate_draws.py`, `finite_check.py`, `proven_finite.py`,
+`narrow_store.py`, `unroll_limit.py`, `recorded_outputs.py`): the sides of a case, the
+command line and the case loop.
 
-Single-agent sides: a 64x64 MLP runner (explore) and the bare PureJaxRL-style scan of
+Single-agent sides: a 64x64 MLP runner (explore, or random actions on both sides) and the
+bare PureJaxRL-style scan of
 `jaxrunner.benchmarking` (JAX's default lowering); multi-agent (`MultiAgent*` ids): the
 runner and bare scan of `throughput_multi_agent.py` with 2 agents. `NUM_STEPS` vector
 steps a call.
@@ -26,28 +28,35 @@ HIDDENS = (64, 64)
 NUM_STEPS = 128
 
 
-def runner_and_bare(env_id: str, num_envs: int) -> tuple:
-    """`(runner, bare)`: builders of one side each, `runner()` a jaxrunner runner's
-    `sample()` (multi-agent for `MultiAgent*` ids) and `bare()` the bare scan; each built
-    side is a `run()` doing one call. The runner reads module-level switches (such as
-    `chunk.SEPARATE_RESETS`) when its chunk is first traced, inside `runner()`."""
+def runner_and_bare(env_id: str, num_envs: int, random_actions: bool = False) -> tuple:
+    """`(runner, bare)`: builders of one side each, `runner(**runner_kwargs)` a jaxrunner
+    runner's `sample()` (multi-agent for `MultiAgent*` ids; `runner_kwargs` go to
+    `make_jaxrunner`, e.g. `check_finite=False` or `env_runners` settings, and only
+    `check_finite` to the multi-agent runner) and `bare()` the bare scan; each built side is
+    a `run()` doing one call. `random_actions`: both sides act at random (single-agent).
+    The runner reads module-level switches (such as `chunk.SEPARATE_RESETS`) when its chunk
+    is first traced, inside `runner()`."""
     if env_id.startswith("MultiAgent"):
+        if random_actions:
+            raise ValueError(f"{env_id}: the multi-agent sides act with their MLPs only; "
+                             "drop random_actions.")
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import throughput_multi_agent as multi_agent
 
-        def runner():
+        def runner(**runner_kwargs):
             return multi_agent.make_runner(env_id, num_envs, NUM_STEPS, HIDDENS,
-                                           {"num_agents": 2})[0]
+                                           {"num_agents": 2}, **runner_kwargs)[0]
 
         def bare():
             return multi_agent.make_bare_scan(env_id, num_envs, NUM_STEPS, HIDDENS,
                                               {"num_agents": 2})
     else:
-        def runner():
-            return make_jaxrunner(env_id, num_envs, NUM_STEPS, HIDDENS, False)[0]
+        def runner(**runner_kwargs):
+            return make_jaxrunner(env_id, num_envs, NUM_STEPS, HIDDENS, random_actions,
+                                  **runner_kwargs)[0]
 
         def bare():
-            return make_bare_scan(env_id, num_envs, NUM_STEPS, HIDDENS, False)
+            return make_bare_scan(env_id, num_envs, NUM_STEPS, HIDDENS, random_actions)
     return runner, bare
 
 

@@ -408,6 +408,30 @@ def plot(cases: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+# What `--targets` writes into the suite's JSON (kept when the full sweep rewrites it).
+TARGET_RUN_KEYS = ("speed_targets", "earlier_speed_targets")
+
+
+def keep_speed_targets(results: dict[str, Any], targets: dict[str, Any],
+                       run_note: str | None = None) -> None:
+    """Makes `targets` (a `speed_targets` run, with its `run_note` if given) the newest in
+    `results` and moves the run it replaces to the front of `earlier_speed_targets`."""
+    if run_note is not None:
+        targets["run_note"] = run_note
+    if "speed_targets" in results:
+        results.setdefault("earlier_speed_targets", []).insert(0, results["speed_targets"])
+    results["speed_targets"] = targets
+
+
+def carry_target_runs(results: dict[str, Any], path: str) -> None:
+    """Copies the `--targets` runs (`TARGET_RUN_KEYS`) of the suite JSON at `path`, if
+    there is one, into `results` (a full sweep about to replace that file)."""
+    if os.path.exists(path):
+        with open(path) as f:
+            previous = json.load(f)
+        results.update({key: previous[key] for key in TARGET_RUN_KEYS if key in previous})
+
+
 def main(argv=None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description="jaxrunner benchmark suite")
     parser.add_argument("--quick", action="store_true", help="small sweep")
@@ -415,8 +439,12 @@ def main(argv=None) -> dict[str, Any]:
     parser.add_argument("--no-rllib", action="store_true")
     parser.add_argument("--targets", action="store_true",
                         help="only the speed targets, merged into the output JSON under "
-                             "'speed_targets'")
+                             "'speed_targets' (the run they replace moves to the front of "
+                             "'earlier_speed_targets')")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--run-note", default=None,
+                        help="with --targets: what this run is (commit, machine, change), "
+                             "stored with it as 'run_note'")
     args = parser.parse_args(argv)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     if args.targets:
@@ -426,7 +454,7 @@ def main(argv=None) -> dict[str, Any]:
         if os.path.exists(args.output):
             with open(args.output) as f:
                 results = json.load(f)
-        results["speed_targets"] = targets
+        keep_speed_targets(results, targets, args.run_note)
         with open(args.output, "w") as f:
             json.dump(results, f, indent=1)
         print(json.dumps(targets["summary"], indent=1))
@@ -459,6 +487,7 @@ def main(argv=None) -> dict[str, Any]:
         f"{k} {v:.2f}s" for k, v in results["first_sample_s"].items()))
     results["summary"] = summarize(results)
     log(json.dumps(results["summary"], indent=1))
+    carry_target_runs(results, args.output)  # the sweep replaces the sweep only
     with open(args.output, "w") as f:
         json.dump(results, f, indent=1)
     plot(results["cases"], os.path.splitext(args.output)[0] + ".png")

@@ -29,7 +29,7 @@ least as fast unrolled in every case (MinAtar 0.96 / 0.92 / 0.90 against 0.97 / 
 0.87 / 0.87 against 0.87 / 0.78, partial auto-reset 2.06x against 1.92x, multi-agent
 CartPole 0.84 / 0.88 against 0.70 / 0.73). At 16384 CartPole's MLP runner first read
 0.92 against 0.94; measured again after the reset's draws were separated, every case read
-faster unrolled from 16384 to 262144 sub-envs (see `UNROLL_MAX_ENVS`). Rollouts of more
+faster unrolled or within the noise from 16384 to 262144 sub-envs (see `UNROLL_MAX_ENVS`). Rollouts of more
 than `UNROLL_MAX_ENVS` sub-envs (262,144, the largest measured) keep JAX's lowering
 (`unroll_for`). One-off programs (module params init) always compile unrolled.
 
@@ -166,14 +166,14 @@ if UNROLLED_THREEFRY_AVAILABLE:
 # A/B of the two runners at 4096: CartPole, MinAtar, Pendulum, partial auto-reset,
 # multi-agent CartPole). Above it, measured again once the long one-key split stayed a
 # loop and the resets and their draws were separated (same process,
-# `benchmarks/unroll_limit.py`, `benchmarks/results/unrolled_rng/unroll_limit*.json`;
-# ratios to the bare scan, unrolled against JAX's lowering): CartPole's MLP runner 1.01
-# against 0.93 at 16384 sub-envs, 1.10 against 1.00 at 65536, 1.01 against 0.85 at
-# 262144; partial auto-reset 1.58 / 1.67 against 1.46 / 1.47 at 16384 / 65536;
-# multi-agent CartPole 1.00 against 0.71 at 16384; Pendulum and Breakout-MinAtar at
-# 16384 1.00 / 1.19 against 1.02 / 1.23 (within this machine's run-to-run noise; a
-# scratch run the same day read 0.96 / 1.72 against 0.93 / 1.56). Larger rollouts (not
-# measured) keep JAX's lowering.
+# `benchmarks/unroll_limit.py`, `benchmarks/results/unrolled_rng/unroll_limit*.json`,
+# two runs; ratios to the bare scan, unrolled against JAX's lowering): CartPole's MLP
+# runner 1.01 / 1.09 against 0.93 / 0.89 at 16384 sub-envs, 1.10 / 1.17 against 1.00 /
+# 1.04 at 65536, 1.01 against 0.85 at 262144 (one run); multi-agent CartPole 1.00 / 0.95
+# against 0.71 / 0.67 at 16384; partial auto-reset 1.58 / 1.48 against 1.46 / 1.49 at
+# 16384 and 1.67 / 1.71 against 1.47 / 1.65 at 65536; Pendulum and Breakout-MinAtar at
+# 16384 within the run-to-run noise (1.00 / 1.05 and 1.19 / 1.46 against 1.02 / 0.97 and
+# 1.23 / 1.42). Larger rollouts (not measured) keep JAX's lowering.
 UNROLL_MAX_ENVS = 262144
 
 

@@ -66,3 +66,31 @@ def test_summary_and_report_name_every_target():
     rows = report.throughput_table(results).splitlines()
     assert len(rows) == 2 + len(results["cases"])
     assert "| CartPole-v1, random | 4096 | 1.10M | 1.80M | 1.00M | 1.10 (1.80) |" in rows[-1]
+
+
+def test_targets_runs__newest_first_with_every_earlier_run_kept():
+    """`--targets` makes its run the newest and keeps the one it replaces in front of the
+    earlier ones, with the run note it was given."""
+    results = {"cases": [], "speed_targets": {"summary": "b"},
+               "earlier_speed_targets": [{"summary": "a"}]}
+    suite.keep_speed_targets(results, {"summary": "c"}, "at abc1234")
+    assert results["speed_targets"] == {"summary": "c", "run_note": "at abc1234"}
+    assert results["earlier_speed_targets"] == [{"summary": "b"}, {"summary": "a"}]
+    assert results["cases"] == []
+    fresh: dict = {}
+    suite.keep_speed_targets(fresh, {"summary": "first"})
+    assert fresh == {"speed_targets": {"summary": "first"}}
+
+
+def test_full_sweep__keeps_the_targets_runs_of_the_file_it_replaces(tmp_path):
+    import json
+
+    path = tmp_path / "suite.json"
+    sweep = {"cases": ["new"]}
+    suite.carry_target_runs(sweep, str(path))  # no file yet: nothing to keep
+    assert sweep == {"cases": ["new"]}
+    path.write_text(json.dumps({"cases": ["old"], "speed_targets": {"summary": "b"},
+                                "earlier_speed_targets": [{"summary": "a"}]}))
+    suite.carry_target_runs(sweep, str(path))
+    assert sweep == {"cases": ["new"], "speed_targets": {"summary": "b"},
+                     "earlier_speed_targets": [{"summary": "a"}]}
