@@ -16,6 +16,12 @@ Quickstart::
 local runner need no Ray installed.
 """
 
+# First, so that every later `import gymnax` finds it imported without its plotting
+# libraries (see jaxrunner._gymnax_import).
+from jaxrunner._gymnax_import import import_gymnax as _import_gymnax
+
+_import_gymnax()
+
 from jaxrunner.callbacks import on_host as on_host
 from jaxrunner.compilation_cache import enable_compilation_cache as enable_compilation_cache
 from jaxrunner.config import RunnerConfig as RunnerConfig
