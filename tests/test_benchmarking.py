@@ -113,6 +113,26 @@ def test_same_process_ab_scripts__write_every_side_and_the_default_they_pick(
     assert measured[key] == value
 
 
+def test_ppo_final_values__times_both_updates_on_the_same_trajectory(tmp_path):
+    """`ppo_final_values.py` runs a tiny case end to end: the store is smaller than the
+    dense rows, both updates are timed, and the module switch is back on afterwards."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    output = tmp_path / "final_values.json"
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "ppo_final_values.py"),
+                    "--rounds", "1", "--cases", "CartPole-v1:4:32", "--output", str(output)],
+                   check=True, timeout=600, capture_output=True)
+    (case,) = json.loads(output.read_text())["cases"]
+    assert case["store_rows"] == 4 * 5 + 4 and case["dense_rows"] == 4 * 32
+    assert set(case["median_update_s"]) == {"store", "dense"}
+    assert all(seconds > 0 for seconds in case["median_update_s"].values())
+    assert case["ratio_store_over_dense"] > 0
+
+
 def _benchmark_scripts() -> list[str]:
     import os
 

@@ -125,6 +125,31 @@ def test_trajectory__next_obs_within_an_episode_is_the_final_obs(runner_and_lear
     np.testing.assert_array_equal(traj.final_obs[:-1][goes_on], traj.obs[1:][goes_on])
 
 
+def test_final_values__from_the_store_rows_equal_the_critic_on_dense_final_obs(
+        runner_and_learner):
+    # The update runs the critic only on the final-observation store's rows and reads
+    # V(obs[t + 1]) from the values it has; that must be V(final_obs[t]) wherever a step
+    # was taken, episode ends and the chunk's last step included.
+    runner, learner = runner_and_learner
+    traj = runner.sample().trajectory()
+    num_steps, num_envs = traj.rewards.shape
+    assert traj.final_obs_store.index.shape[0] < num_steps * num_envs  # not the dense path
+    ends = np.asarray(traj.terminated | traj.truncated)
+    assert ends.sum() > 0
+    flat = lambda x: x.reshape((num_steps * num_envs,) + x.shape[2:])  # noqa: E731
+    params = learner.state.params
+    values = learner._values(params, jax.tree.map(flat, traj.obs)).reshape(num_steps, num_envs)
+    dense = learner._values(params, jax.tree.map(flat, traj.final_obs)
+                            ).reshape(num_steps, num_envs)
+    from_store = jax.jit(learner._final_values)(params, traj, values)
+    taken = np.asarray(traj.valid)[:, None] & ~np.asarray(traj.failed)
+    np.testing.assert_allclose(np.asarray(from_store)[taken], np.asarray(dense)[taken],
+                               rtol=1e-6, atol=1e-6)
+    # Where an episode ended, the value is the ended episode's, not the next one's start.
+    assert not np.allclose(np.asarray(from_store)[:-1][ends[:-1]],
+                           np.asarray(values)[1:][ends[:-1]])
+
+
 def test_push_weights__runner_samples_with_the_learner_policy(runner_and_learner):
     runner, learner = runner_and_learner
     learner.update(runner.sample())

@@ -99,6 +99,11 @@ class _Sample(NamedTuple):
     targets: jax.Array  # (N,) value targets
     weight: jax.Array  # (N,) 1.0 for taken steps, 0.0 for padding (valid == False)
 
+# The update's V(final_obs) runs the critic only on the final-observation store's rows
+# (`PPOLearner._final_values`). False runs it on the dense `(T, B)` final observations, as
+# before: for A/B benchmarks (`benchmarks/ppo_final_values.py`).
+FINAL_VALUES_FROM_STORE = True
+
 
 def compute_gae(rewards: jax.Array, values: jax.Array, final_values: jax.Array,
                 terminated: jax.Array, truncated: jax.Array, valid: jax.Array, *,
@@ -229,6 +234,30 @@ class PPOLearner:
     def _values(self, params: Any, obs: Any) -> jax.Array:
         return self.module.forward_train(params, {"obs": obs})["vf_preds"]
 
+    def _final_values(self, params: Any, traj: Trajectory, values: jax.Array) -> jax.Array:
+        """(T, B) float32 V(`final_obs[t]`), given `values` (T, B) = V(`obs[t]`).
+
+        A step's final observation is the next step's observation unless the step ended an
+        episode or is the chunk's last taken step, and those are exactly the rows of the
+        trajectory's final-observation store (`core.final_obs`). So V(`obs[t + 1]`) is
+        read from `values` and the critic runs only on the store's rows instead of on a
+        second dense `(T, B)` batch: `ceil(T / 8) + 2` rows per sub-env for chunks longer
+        than 16 steps (the default store size). A store as large as the dense batch (short
+        chunks, host trajectories) takes the dense path. Steps not taken read an arbitrary
+        value; `compute_gae` masks them."""
+        num_steps, num_envs = values.shape
+        store = traj.final_obs_store
+        if not FINAL_VALUES_FROM_STORE or store.index.shape[0] >= num_steps * num_envs:
+            flat = lambda x: x.reshape((num_steps * num_envs,) + x.shape[2:])  # noqa: E731
+            return self._values(params, jax.tree.map(flat, traj.final_obs)
+                                ).reshape(num_steps, num_envs)
+        rows = jax.tree.map(lambda like, row: row.astype(like.dtype), traj.obs, store.obs)
+        row_values = self._values(params, rows)
+        shifted = jnp.concatenate([values[1:], jnp.zeros_like(values[:1])], axis=0)
+        target = jnp.where(store.index >= 0, store.index, num_steps * num_envs)
+        return (shifted.reshape(-1).at[target].set(row_values, mode="drop")
+                .reshape(num_steps, num_envs))
+
     def _loss(self, params: Any, sample: _Sample) -> tuple[jax.Array, dict]:
         cfg = self.config
         out = self.module.forward_train(params, {"obs": sample.obs})
@@ -268,8 +297,7 @@ class PPOLearner:
         flat = lambda x: x.reshape((n,) + x.shape[2:])  # noqa: E731
         obs = jax.tree.map(flat, traj.obs)
         values = self._values(state.params, obs).reshape(num_steps, num_envs)
-        final_values = self._values(state.params, jax.tree.map(flat, traj.final_obs)
-                                    ).reshape(num_steps, num_envs)
+        final_values = self._final_values(state.params, traj, values)
         # Steps not taken, and steps where a sub-env failed (its episode is discarded),
         # neither count in the loss nor pass advantages back.
         valid = traj.valid[:, None] & ~traj.failed
