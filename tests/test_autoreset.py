@@ -234,6 +234,7 @@ def test_chunk__gymnax_step_splits_no_key_of_its_own():
     assert splits(OwnStep()) == splits(CartPole()) + 1
 
 
+@pytest.mark.default_codegen
 @pytest.mark.parametrize("separated", ["separate_resets", "separate_outputs",
                                        "separate_draws"])
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "Breakout-MinAtar"])
@@ -372,6 +373,7 @@ def test_reset_spreads_its_draw__a_reset_that_keeps_a_key_in_its_state():
         {"key": reset(k, p)[1]["key"]},)), jax.random.key(0), None) is False
 
 
+@pytest.mark.default_codegen
 def test_runner__separates_pendulums_step_outputs_by_default_with_the_same_episodes():
     """The runner's default ("auto") computes Pendulum's step observation, reward and
     flags apart (one more conditional in its compiled chunk than with

@@ -55,6 +55,7 @@ CALLS = [{}, {"num_timesteps": 30}, {"num_timesteps": 3}, {"num_timesteps": 100}
     # store, and blocks stop being taken before the store is nearly full.
     {"final_obs_slots_per_env": 5},
 ], ids=["gymnax", "partial", "small-store"])
+@pytest.mark.default_codegen
 def test_single_agent__blocks_of_steps_sample_what_single_steps_sample(extra):
     per_step, blocked = _single(1, **extra), _single(4, **extra)
     assert per_step._steps_per_loop_check() == 1 and blocked._steps_per_loop_check() == 4

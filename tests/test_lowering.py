@@ -198,6 +198,7 @@ def test_unroll_for_training__several_seeds_of_few_sub_envs_only():
         lowering.choose_unrolled("default", True)
 
 
+@pytest.mark.default_codegen
 @needs_unrolled
 def test_separate_resets__only_in_programs_lowered_with_the_unrolled_hash():
     """CartPole's resets are drawn in a branch of their own (`separate_reset`) where the

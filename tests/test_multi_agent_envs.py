@@ -143,6 +143,7 @@ def test_jaxmarl_adapter__mpe_simple_spread():
     assert all(bool(v) for v in env.agents_to_act(state, params).values())
 
 
+@pytest.mark.default_codegen
 @pytest.mark.parametrize("separate_draws", [False, True])
 def test_step_with_keys__separate_reset_gives_the_same_steps(separate_draws):
     """A multi-agent env's vector step with `separate_resets` (its reset drawn in a kernel

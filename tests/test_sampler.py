@@ -93,6 +93,7 @@ def runner_calls(runner):
     return start, trajs, metrics, after, per_call
 
 
+@pytest.mark.default_codegen
 def test_fused_calls__equal_runner_calls_bit_for_bit(runner, runner_calls):
     start, trajs, runner_metrics, after, per_call = runner_calls
     sampler = runner.sampler
