@@ -24,7 +24,7 @@ import tempfile
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 # And with XLA:CPU's older code generation instead of its fusion emitters: compiles take
-# about a third less time (the whole run: 14.8 against 22.8 minutes on a 2-core CPU), and
+# about a third less time (the whole run: 16.3 against 22.8 minutes on a 2-core CPU), and
 # the programs compute the same functions. Not always the same float bits, though: where
 # two different programs of the same computation must agree bit for bit (the separated
 # resets and step outputs, blocks of steps, fused sampler calls against runner calls),
