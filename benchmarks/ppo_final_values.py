@@ -11,8 +11,9 @@ only (`"store"`, the default). `"dense"` (`jaxrunner.learners.ppo.FINAL_VALUES_F
 = False`) rebuilds the dense `(T, B)` final observations and runs the critic on all of
 them. For each case one trajectory is sampled (`jaxrunner.make_sampler`, 64x64 MLP), both
 `update_fn`s are compiled in one process (4 epochs of 4 minibatches) and called on it in
-alternating rounds (the order reversed every round). Medians of the per-round times and
-of the per-round ratios. JSON to `benchmarks/results/ppo_final_values.json`.
+alternating rounds (`jaxrunner.benchmarking.compare`, the order reversed every round):
+`ratio_to_dense` is the median per-round speed of "store" over "dense" (above 1: the
+store's update is faster). JSON to `benchmarks/results/ppo_final_values.json`.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
-import time
+import sys
 
-import jax
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_process_ab
 
-import jaxrunner
-from jaxrunner.benchmarking import machine_info
-from jaxrunner.learners import PPOConfig, PPOLearner
-from jaxrunner.learners import ppo as ppo_module
+import jax  # noqa: E402
+from same_process_ab import run_header  # noqa: E402
+
+import jaxrunner  # noqa: E402
+from jaxrunner.benchmarking import compare, switched  # noqa: E402
+from jaxrunner.learners import PPOConfig, PPOLearner  # noqa: E402
+from jaxrunner.learners import ppo as ppo_module  # noqa: E402
 
 CASES = (("CartPole-v1", 1024, 64), ("Pendulum-v1", 16, 128), ("Breakout-MinAtar", 512, 64))
 
@@ -45,24 +47,17 @@ def measure(env_id: str, num_envs: int, num_steps: int, rounds: int) -> dict:
     _, traj, _ = sampler.sample(sampler.init(jax.random.key(0)), learner.state.params)
     updates = {}
     for side, from_store in (("store", True), ("dense", False)):
-        ppo_module.FINAL_VALUES_FROM_STORE = from_store
-        try:
+        with switched(ppo_module, "FINAL_VALUES_FROM_STORE", from_store):  # read at trace
             updates[side] = jax.jit(learner.update_fn).lower(learner.state, traj).compile()
-        finally:
-            ppo_module.FINAL_VALUES_FROM_STORE = True
         jax.block_until_ready(updates[side](learner.state, traj))
-    timings: dict[str, list[float]] = {side: [] for side in updates}
-    for index in range(rounds):
-        for side in (("store", "dense") if index % 2 == 0 else ("dense", "store")):
-            start = time.perf_counter()
-            jax.block_until_ready(updates[side](learner.state, traj))
-            timings[side].append(time.perf_counter() - start)
-    ratios = [s / d for s, d in zip(timings["store"], timings["dense"])]
+    result = compare({side: (lambda u=update: jax.block_until_ready(u(learner.state, traj)))
+                      for side, update in updates.items()}, num_envs * num_steps,
+                     rounds=rounds, calls_per_round=1, reference="dense")
     return {"env": env_id, "num_envs": num_envs, "num_steps": num_steps,
             "store_rows": int(traj.final_obs_store.index.shape[0]),
             "dense_rows": num_envs * num_steps,
-            "median_update_s": {side: statistics.median(t) for side, t in timings.items()},
-            "ratio_store_over_dense": statistics.median(ratios), "timings_s": timings}
+            "ratio_to_dense": result["ratio_to_dense"]["store"],
+            "timings_s": result["_timings"]}
 
 
 def main() -> None:
@@ -75,17 +70,14 @@ def main() -> None:
     args = parser.parse_args()
     cases = CASES if not args.cases else tuple(
         (c.split(":")[0], int(c.split(":")[1]), int(c.split(":")[2])) for c in args.cases)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    out = {"benchmark": "ppo_final_values", "commit": commit, "machine": machine_info(),
-           "rounds": args.rounds, "cases": []}
+    out = {**run_header("ppo_final_values"), "rounds": args.rounds, "cases": []}
     for env_id, num_envs, num_steps in cases:
         load = os.getloadavg()[0]
         result = measure(env_id, num_envs, num_steps, args.rounds)
         result["load_avg_1min"] = [round(load, 2), round(os.getloadavg()[0], 2)]
         out["cases"].append(result)
         print(f"{env_id} {num_envs}x{num_steps}: store {result['store_rows']} rows / dense "
-              f"{result['dense_rows']}: update {result['ratio_store_over_dense']:.3f} of the "
+              f"{result['dense_rows']}: update {result['ratio_to_dense']:.3f}x as fast as the "
               "dense one", flush=True)
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w") as f:

@@ -87,6 +87,13 @@ def parse_ab_args(description: str, default_cases: tuple, default_output: str
     return cases, args.rounds, args.output
 
 
+def run_header(benchmark: str) -> dict:
+    """What every benchmark JSON here starts with: its name, the commit, the machine."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    return {"benchmark": benchmark, "commit": commit, "machine": machine_info()}
+
+
 def run_cases(benchmark: str, cases: tuple, sides: Callable[[str, int], dict], rounds: int,
               output: str, extra: Callable[[str, int], dict] = lambda env_id, num_envs: {},
               **header: Any) -> dict:
@@ -94,10 +101,8 @@ def run_cases(benchmark: str, cases: tuple, sides: Callable[[str, int], dict], r
     rounds beside `"bare_scan"`, prints the ratios and rewrites the JSON at `output` after
     every case (with the commit, the machine, `header` and per case `extra(env_id,
     num_envs)`)."""
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    out = {"benchmark": benchmark, "commit": commit, "machine": machine_info(),
-           "rounds": rounds, "num_steps_per_call": NUM_STEPS, **header, "cases": []}
+    out = {**run_header(benchmark), "rounds": rounds, "num_steps_per_call": NUM_STEPS,
+           **header, "cases": []}
     for env_id, num_envs in cases:
         load = os.getloadavg()[0]
         result = compare(sides(env_id, num_envs), num_envs * NUM_STEPS, rounds=rounds)

@@ -115,7 +115,7 @@ def test_same_process_ab_scripts__write_every_side_and_the_default_they_pick(
 
 def test_ppo_final_values__times_both_updates_on_the_same_trajectory(tmp_path):
     """`ppo_final_values.py` runs a tiny case end to end: the store is smaller than the
-    dense rows, both updates are timed, and the module switch is back on afterwards."""
+    dense rows and both updates are timed."""
     import json
     import os
     import subprocess
@@ -128,9 +128,9 @@ def test_ppo_final_values__times_both_updates_on_the_same_trajectory(tmp_path):
                    check=True, timeout=600, capture_output=True)
     (case,) = json.loads(output.read_text())["cases"]
     assert case["store_rows"] == 4 * 5 + 4 and case["dense_rows"] == 4 * 32
-    assert set(case["median_update_s"]) == {"store", "dense"}
-    assert all(seconds > 0 for seconds in case["median_update_s"].values())
-    assert case["ratio_store_over_dense"] > 0
+    assert set(case["timings_s"]) == {"store", "dense"}
+    assert all(seconds > 0 for times in case["timings_s"].values() for seconds in times)
+    assert case["ratio_to_dense"] > 0
 
 
 def _benchmark_scripts() -> list[str]:
