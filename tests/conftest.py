@@ -31,15 +31,14 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # they do under XLA's default code generation, which the library gets, so those tests are
 # marked `default_codegen` and run in a child process without this flag
 # (`pytest_pyfunc_call` below). A caller's own setting of the flag wins.
-# (pytest-xdist's workers inherit the flag with `JAXRUNNER_TESTS_FAST_CODEGEN` from the
-# process that set it.)
+# `JAXRUNNER_TESTS_CODEGEN` ("fast" / "default") tells pytest-xdist's workers and the
+# marked tests' children which one this process runs with.
 _FAST_CODEGEN_FLAG = "--xla_cpu_use_fusion_emitters=false"
-FAST_CODEGEN = os.environ.get("JAXRUNNER_TESTS_FAST_CODEGEN") == "1" or (
-    os.environ.get("JAXRUNNER_TESTS_DEFAULT_CODEGEN") != "1"
-    and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""))
-if FAST_CODEGEN and _FAST_CODEGEN_FLAG not in os.environ.get("XLA_FLAGS", ""):
+if ("JAXRUNNER_TESTS_CODEGEN" not in os.environ
+        and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "")):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_CODEGEN_FLAG}".strip()
-    os.environ["JAXRUNNER_TESTS_FAST_CODEGEN"] = "1"
+    os.environ["JAXRUNNER_TESTS_CODEGEN"] = "fast"
+FAST_CODEGEN = os.environ.get("JAXRUNNER_TESTS_CODEGEN") == "fast"
 
 # Every `ray.init()` without an address in this run (the tests' own, the group's, the CLI's
 # and the notebooks' in their subprocesses) starts its own local instance. Without this,
@@ -77,8 +76,7 @@ def pytest_pyfunc_call(pyfuncitem):
     if not FAST_CODEGEN or pyfuncitem.get_closest_marker("default_codegen") is None:
         return None
     flags = os.environ["XLA_FLAGS"].replace(_FAST_CODEGEN_FLAG, "").strip()
-    env = {**os.environ, "XLA_FLAGS": flags, "JAXRUNNER_TESTS_DEFAULT_CODEGEN": "1",
-           "JAXRUNNER_TESTS_FAST_CODEGEN": "0"}
+    env = {**os.environ, "XLA_FLAGS": flags, "JAXRUNNER_TESTS_CODEGEN": "default"}
     child = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
          "--durations=0", pyfuncitem.nodeid],

@@ -99,6 +99,7 @@ class _Sample(NamedTuple):
     targets: jax.Array  # (N,) value targets
     weight: jax.Array  # (N,) 1.0 for taken steps, 0.0 for padding (valid == False)
 
+
 # The update's V(final_obs) runs the critic only on the final-observation store's rows
 # (`PPOLearner._final_values`). False runs it on the dense `(T, B)` final observations, as
 # before: for A/B benchmarks (`benchmarks/ppo_final_values.py`).
