@@ -337,11 +337,18 @@ def make_bare_train(env_id: str, hp: Hyper, *, max_updates: int,
             jax.debug.callback(on_update, carry.seed_index, carry.update, ring_mean(carry))
         return carry
 
+    # One seed after another under vmap (the same values): a vmapped orthogonal init is a
+    # batched LAPACK QR, which deadlocks XLA:CPU's intra-op pool on a 2-core machine
+    # (jaxrunner's `init_params` does the same).
+    @jax.custom_batching.sequential_vmap
+    def init_params(pi_key, vf_key):
+        dummy = jnp.zeros((1, obs_dim))
+        return {"pi": pi_net.init(pi_key, dummy)["params"],
+                "vf": vf_net.init(vf_key, dummy)["params"]}
+
     def init_carry(key, seed_index):
         key, pi_key, vf_key, reset_key = jax.random.split(key, 4)
-        dummy = jnp.zeros((1, obs_dim))
-        params = {"pi": pi_net.init(pi_key, dummy)["params"],
-                  "vf": vf_net.init(vf_key, dummy)["params"]}
+        params = init_params(pi_key, vf_key)
         obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
             jax.random.split(reset_key, num_envs), env_params)
         carry = _Carry(params=params, opt_state=tx.init(params), env_state=env_state,

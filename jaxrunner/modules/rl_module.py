@@ -108,9 +108,16 @@ def init_params(module: Any, key: jax.Array) -> Any:
     Run eagerly, every op of an initialiser (an orthogonal init's QR, each layer's
     matmul) compiles on its own: seconds for a small MLP on CPU, paid at every runner
     build. Modules whose `init` needs concrete values (Python control flow on arrays)
-    are initialised eagerly instead."""
+    are initialised eagerly instead.
+
+    Under `jax.vmap` over keys (a population, `PPOLearner.fused_train(seeds=8)`) the
+    members are initialised one after another (`sequential_vmap`), with the same values
+    as one at a time: a batched orthogonal init is a batched LAPACK QR, and on CPU
+    jaxlib's batched QR waits on XLA's intra-op thread pool from inside that pool, which
+    deadlocks when every pool thread is in such a QR (a 2-core machine, several layers).
+    The cost is a few milliseconds once per training run."""
     try:
-        return lowering.jit(module.init)(key)
+        return lowering.jit(jax.custom_batching.sequential_vmap(module.init))(key)
     except jax.errors.JAXTypeError:
         return module.init(key)
 
