@@ -133,6 +133,26 @@ def test_ppo_final_values__times_both_updates_on_the_same_trajectory(tmp_path):
     assert case["ratio_to_dense"] > 0
 
 
+
+def test_import_time__times_every_side_in_fresh_processes(tmp_path):
+    """`import_time.py` with one round: each side timed once, in the JSON with its ratio."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    output = tmp_path / "import_time.json"
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "import_time.py"),
+                    "--rounds", "1", "--output", str(output)],
+                   check=True, timeout=600, capture_output=True)
+    result = json.loads(output.read_text())
+    sides = {"jaxrunner", "jaxrunner_eager_plotting", "gymnax"}
+    assert set(result["seconds"]) == sides and set(result["sides"]) == sides
+    assert all(len(times) == 1 and times[0] > 0 for times in result["seconds"].values())
+    assert set(result["ratio_to_jaxrunner"]) == sides - {"jaxrunner"}
+    assert result["commit"]
+
 def _benchmark_scripts() -> list[str]:
     import os
 
