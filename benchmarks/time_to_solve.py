@@ -762,9 +762,12 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
     return out
 
 
-def run_sampler_throughput(env_id: str, num_envs: int, num_steps: int, rounds: int) -> dict:
+def run_sampler_throughput(env_id: str, num_envs: int, num_steps: int, rounds: int,
+                           num_seeds: int = 1) -> dict:
     """Single-chunk env steps/s: the pure sampler's jitted `sample()` against the bare
-    `lax.scan` rollout (same env, 64x64 MLP, sampled actions), alternating rounds."""
+    `lax.scan` rollout (same env, 64x64 MLP, sampled actions), alternating rounds. With
+    `num_seeds > 1` both run `jax.vmap`-ed over that many seeds (each its own keys and
+    sub-envs, the same policy params) in one program, as in a loop trained over seeds."""
     import jax
 
     import jaxrunner
@@ -777,19 +780,27 @@ def run_sampler_throughput(env_id: str, num_envs: int, num_steps: int, rounds: i
               .debugging(seed=0))
     sampler = jaxrunner.make_sampler(config)
     params = sampler.params
-    holder = {"state": jax.jit(sampler.init)(sampler.default_key)}
+    if num_seeds > 1:
+        sample = jax.jit(jax.vmap(lambda state: sampler.sample(state, params)[:2]))
+        state = jax.jit(jax.vmap(sampler.init))(jax.random.split(sampler.default_key,
+                                                                 num_seeds))
+    else:
+        sample = lambda state: sampler.sample_jit(state, params)[:2]  # noqa: E731
+        state = jax.jit(sampler.init)(sampler.default_key)
+    holder = {"state": state}
 
     def fused():
-        holder["state"], traj, _ = sampler.sample_jit(holder["state"], params)
+        holder["state"], traj = sample(holder["state"])
         jax.block_until_ready(traj)
 
     fused()
-    sides = {"bare_scan": make_bare_scan(env_id, num_envs, num_steps, (64, 64), False),
+    sides = {"bare_scan": make_bare_scan(env_id, num_envs, num_steps, (64, 64), False,
+                                         num_seeds=num_seeds if num_seeds > 1 else 0),
              "sampler": fused}
-    result = compare(sides, num_envs * num_steps, rounds=rounds)
+    result = compare(sides, num_seeds * num_envs * num_steps, rounds=rounds)
     result.pop("_timings")
-    return {"env": env_id, "num_envs": num_envs, "num_steps": num_steps, **result,
-            "load_avg_1min": round(os.getloadavg()[0], 2)}
+    return {"env": env_id, "num_envs": num_envs, "num_seeds": num_seeds,
+            "num_steps": num_steps, **result, "load_avg_1min": round(os.getloadavg()[0], 2)}
 
 
 def main_fused(args: argparse.Namespace) -> None:
@@ -812,10 +823,11 @@ def main_fused(args: argparse.Namespace) -> None:
             json.dump(results, f, indent=1)
 
     for num_envs in args.throughput_envs:
-        results["sampler_throughput"].append(run_sampler_throughput(
-            "CartPole-v1", num_envs, 128, rounds=args.rounds))
-        print(json.dumps(results["sampler_throughput"][-1]), flush=True)
-        save()
+        for num_seeds in args.throughput_seeds:
+            results["sampler_throughput"].append(run_sampler_throughput(
+                "CartPole-v1", num_envs, 128, rounds=args.rounds, num_seeds=num_seeds))
+            print(json.dumps(results["sampler_throughput"][-1]), flush=True)
+            save()
     for env_id in args.envs:
         hp = HYPER[env_id]
         max_updates = min(args.max_updates, math.ceil(hp.max_env_steps / hp.batch_size))
@@ -927,7 +939,8 @@ def plot(results: dict, path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--envs", nargs="+", default=list(HYPER), choices=list(HYPER))
+    parser.add_argument("--envs", nargs="*", default=list(HYPER), choices=list(HYPER),
+                        help="none (with --fused): only the sampler throughput")
     parser.add_argument("--seeds", type=int, default=3,
                         help="single-seed runs per method (alternating jaxrunner / bare)")
     parser.add_argument("--rllib-seeds", type=int, default=1)
@@ -954,7 +967,12 @@ def main() -> None:
     parser.add_argument("--timing-iterations", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--throughput-envs", type=int, nargs="*", default=[16, 1024])
+    parser.add_argument("--throughput-seeds", type=int, nargs="+", default=[1],
+                        help="sampler throughput also vmapped over this many seeds "
+                             "(1: no vmap)")
     args = parser.parse_args()
+    if min(args.throughput_seeds) < 1:
+        parser.error(f"--throughput-seeds must be at least 1, got {args.throughput_seeds}")
     if args.fused:
         os.makedirs(args.output_dir, exist_ok=True)
         main_fused(args)

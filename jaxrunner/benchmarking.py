@@ -78,8 +78,8 @@ def make_policy(obs_size: int, action_space: Any, hiddens: tuple[int, ...], *,
 
 
 def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: int,
-                      num_steps: int, seed: int = 0, unrolled_rng: bool = False
-                      ) -> Callable[[], Any]:
+                      num_steps: int, seed: int = 0, unrolled_rng: bool = False,
+                      num_seeds: int = 0) -> Callable[[], Any]:
     """A PureJaxRL-style rollout, jitted: `run()` does one `lax.scan` of `num_steps` steps.
 
     `reset(keys [B]) -> (obs, state)` and `step(keys [B], state, action) -> (obs, state,
@@ -93,7 +93,12 @@ def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: 
 
     `unrolled_rng`: compile with jaxrunner's unrolled Threefry lowering
     (`jaxrunner.lowering`), as jaxrunner's own programs are; default JAX's lowering, as a
-    hand-written scan gets."""
+    hand-written scan gets.
+
+    `num_seeds`: 0 (default) one rollout; `S > 0` `S` independent rollouts in one program
+    (`jax.vmap` over seeds, each with its own keys and sub-envs, the same policy), as a
+    PureJaxRL-style loop vmapped over seeds; the trajectory is then `[S, num_steps,
+    num_envs, ...]`."""
 
     def body(carry, _):
         obs, state, key, ret, ret_sum, episodes = carry
@@ -112,12 +117,18 @@ def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: 
         carry, traj = jax.lax.scan(body, carry, None, length=num_steps)
         return strong_types(carry), traj
 
+    def init(key):
+        key, reset_key = jax.random.split(key)
+        obs, state = reset(jax.random.split(reset_key, num_envs))
+        return strong_types((obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
+                             jnp.zeros((), jnp.int32)))
+
+    key = jax.random.key(seed)
+    if num_seeds:
+        init, rollout = jax.vmap(init), jax.vmap(rollout)
+        key = jax.random.split(key, num_seeds)
     rollout = lowering.jit(rollout, unrolled=unrolled_rng)
-    key, reset_key = jax.random.split(jax.random.key(seed))
-    obs, state = lowering.jit(reset, unrolled=unrolled_rng)(
-        jax.random.split(reset_key, num_envs))
-    holder = {"carry": strong_types((obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
-                                     jnp.zeros((), jnp.int32)))}
+    holder = {"carry": lowering.jit(init, unrolled=unrolled_rng)(key)}
 
     def run():
         holder["carry"], traj = rollout(holder["carry"])
@@ -127,13 +138,13 @@ def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: 
 
 
 def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
-                   random_actions: bool, seed: int = 0, unrolled_rng: bool = False
-                   ) -> Callable[[], None]:
+                   random_actions: bool, seed: int = 0, unrolled_rng: bool = False,
+                   num_seeds: int = 0) -> Callable[[], None]:
     """A hand-written PureJaxRL-style rollout of a gymnax id or an `(env, params)` pair
     (e.g. an adapted env suite's): `make_scan_rollout` over `vmap` of the env's
     auto-resetting `step` (done = terminated | truncated) with `make_policy`'s policy.
     Returns `run()` that does one rollout, already called once (compiled).
-    `unrolled_rng`: as `make_scan_rollout`'s."""
+    `unrolled_rng`, `num_seeds`: as `make_scan_rollout`'s."""
     import gymnax
 
     env, params = gymnax.make(env_id) if isinstance(env_id, str) else env_id
@@ -150,7 +161,7 @@ def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[in
         return obs, state, reward, terminated | truncated
 
     run = make_scan_rollout(reset, step, act, num_envs, num_steps, seed=seed,
-                            unrolled_rng=unrolled_rng)
+                            unrolled_rng=unrolled_rng, num_seeds=num_seeds)
     run()
     return run
 

@@ -48,7 +48,7 @@ from flax import struct
 
 from jaxrunner.core.callbacks import CustomRegisters, MetricSpec
 from jaxrunner.core.carry import MetricRegisters
-from jaxrunner.core.chunk import POLICY_MODES, ChunkFns
+from jaxrunner.core.chunk import POLICY_MODES, ChunkFns, vmap_members
 from jaxrunner.core.ring import NO_EPISODE_LIMIT
 from jaxrunner import lowering
 
@@ -232,6 +232,7 @@ class Sampler:
         self._restart = bool(self.config.restart_failed_sub_environments)
         self._tolerance = int(self.config.num_consecutive_sub_env_failures_tolerance)
         self._fns: dict[str, ChunkFns] = {}
+        self._member_chunks: dict[str, Callable] = {}
         self._jitted: dict[str, dict] = {}
         self._jit_sample: dict[tuple, Any] = {}
         self._jit_reset = None
@@ -287,6 +288,18 @@ class Sampler:
         if mode not in self._fns:
             self._fns[mode] = self._rollout_fns(mode)
         return self._fns[mode]
+
+    def _member_chunk(self, mode: str) -> Callable:
+        """`(carry, lookback, params, env_params, steps) -> fns.chunk(...)` without
+        episode or agent-step limits, whose loop stays one loop for all members under
+        `jax.vmap` (`core.chunk.vmap_members`)."""
+        if mode not in self._member_chunks:
+            chunk = self.chunk_fns(mode).chunk
+            self._member_chunks[mode] = vmap_members(
+                lambda carry, lookback, params, env_params, steps: chunk(
+                    carry, lookback, params, env_params, steps, NO_EPISODE_LIMIT,
+                    NO_EPISODE_LIMIT, jnp.zeros((), jnp.int32)))
+        return self._member_chunks[mode]
 
     def jitted(self, mode: str) -> dict:
         """The chunk functions of `mode`, jitted once (the runner shell calls these)."""
@@ -354,9 +367,8 @@ class Sampler:
         env_params = self._env_params(env_params)
         fns = self.chunk_fns(mode)
         steps = jnp.asarray(self.num_steps if num_steps is None else num_steps, jnp.int32)
-        carry, lookback, traj, info = fns.chunk(
-            state.carry, state.lookback, params, env_params, steps, NO_EPISODE_LIMIT,
-            NO_EPISODE_LIMIT, jnp.zeros((), jnp.int32))
+        carry, lookback, traj, info = self._member_chunk(mode)(
+            state.carry, state.lookback, params, env_params, steps)
         must_restart = info.max_consecutive_failures > self._tolerance
         if not self._restart:
             must_restart = must_restart | (info.num_failures > 0)

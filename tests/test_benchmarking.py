@@ -78,6 +78,19 @@ def test_make_scan_rollout__matches_a_python_loop_over_the_same_functions():
     assert obs[0, 0] == num_steps % 3
 
 
+
+def test_make_bare_scan__over_seeds_each_seed_is_its_own_rollout(compile_counter):
+    """`num_seeds`: one program of `S` rollouts, `[S, T, B, ...]`, each seed with its own
+    keys (their trajectories differ); later calls compile nothing."""
+    run = benchmarking.make_bare_scan("CartPole-v1", 4, 8, (8,), random_actions=True,
+                                      num_seeds=3)
+    compile_counter.reset()
+    obs, action, reward, done, logp = map(np.asarray, run())
+    run()
+    assert compile_counter.count == 0, compile_counter.messages
+    assert obs.shape == (3, 8, 4, 4) and action.shape == reward.shape == done.shape == (3, 8, 4)
+    assert not np.array_equal(obs[0], obs[1]) and not np.array_equal(obs[1], obs[2])
+
 @pytest.mark.parametrize("script, case, sides, extra", [
     ("separate_outputs.py", "Pendulum-v1:4", {"fused", "auto", "all"},
      ("auto_separates", ["obs"])),

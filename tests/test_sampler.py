@@ -321,3 +321,59 @@ def test_multi_agent_fused_calls__equal_runner_calls():
         "num_agent_steps_sampled_lifetime"]
     runner.set_state(sampler.to_runner_state(state))
     assert comparable(runner.get_metrics()) == expected
+
+
+def test_vmapped_sample__members_that_stop_early_match_their_own_unbatched_calls():
+    """Under `jax.vmap` the chunk runs one loop for all members (`core.chunk.vmap_members`):
+    a member whose final-observation store fills stops there, as its own loop would, while
+    the others go on. Member 1 ends an episode every 2 steps in a store of one row per
+    sub-env, so its chunks stop early; member 0's run on. Each member's states,
+    trajectories and metrics equal its own unbatched calls (discrete parts exactly)."""
+    config = make_config(num_envs=NUM_ENVS, fragment=T, final_obs_slots_per_env=1)
+    sampler = jaxrunner.make_sampler(config)
+    env_params = jax.tree.map(lambda x: jnp.stack([x, x]), sampler.env_params)
+    env_params = env_params.replace(max_steps_in_episode=jnp.asarray([500, 2]))
+    keys = jnp.stack([sampler.default_key, jax.random.key(3)])
+    params = sampler.params
+
+    def calls(key, env_params):
+        state = sampler.init(key, params, env_params)
+        outs = []
+        for _ in range(2):
+            state, traj, metrics = sampler.sample(state, params, env_params)
+            outs.append((traj, metrics))
+        return state, outs
+
+    batched = host_tree(jax.jit(jax.vmap(calls))(keys, env_params))
+    valid = np.stack([traj.valid for traj, _ in batched[1]])  # (call, member, T)
+    assert valid[:, 1].sum() < valid[:, 0].sum(), valid  # member 1 stopped early
+    assert valid[:, 1].sum() > 0
+
+    def same(b, a):
+        if np.issubdtype(a.dtype, np.floating):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(b, a)
+
+    one = jax.jit(calls)
+    for member in range(2):
+        alone = host_tree(one(keys[member], jax.tree.map(lambda x: x[member], env_params)))
+        jax.tree.map(same, jax.tree.map(lambda x: x[member], batched), alone)
+
+    # One loop for both members: the chunk's while loop tests a () bool, where a loop
+    # JAX batched itself would test one per member (and select its whole carry per step).
+    def loop_conditions(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "while":
+                yield tuple(v.aval.shape for v in eqn.params["cond_jaxpr"].jaxpr.outvars)
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (list, tuple)) else [param]:
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        yield from loop_conditions(inner)
+
+    state = jax.vmap(sampler.init, in_axes=(0, None, 0))(keys, params, env_params)
+    traced = jax.make_jaxpr(jax.vmap(lambda s, e: sampler.sample(s, params, e)[:2]))(
+        state, env_params)
+    conditions = list(loop_conditions(traced.jaxpr))
+    assert conditions and all(shapes == ((),) for shapes in conditions), conditions

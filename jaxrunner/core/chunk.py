@@ -51,7 +51,10 @@ episode-end rows' positions and the `extra` values written beside them).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import contextlib
+import itertools
+import threading
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -142,6 +145,8 @@ def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
     `K = 1`."""
     buffers = jax.tree.map(lambda s: jnp.zeros((length,) + tuple(s.shape), s.dtype),
                            record_shape)
+    if _member_axes():
+        return _scan_while_members(step, state, buffers, length, keep_going)
 
     def one(loop):
         t, state, out = loop
@@ -160,6 +165,80 @@ def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
             & keep_going(loop[0], loop[1], steps_per_check), block, loop)
     return jax.lax.while_loop(lambda loop: (loop[0] < length) & keep_going(loop[0], loop[1], 1),
                               one, loop)
+
+
+# The axis names of the `vmap_members` vmaps being traced (innermost last), per thread.
+_MEMBER_AXES = threading.local()
+_AXIS_NAMES = itertools.count()
+
+
+def _member_axes() -> tuple[str, ...]:
+    return tuple(getattr(_MEMBER_AXES, "names", ()))
+
+
+@contextlib.contextmanager
+def _members(name: str) -> Iterator[None]:
+    _MEMBER_AXES.names = _member_axes() + (name,)
+    try:
+        yield
+    finally:
+        _MEMBER_AXES.names = _member_axes()[:-1]
+
+
+def vmap_members(fn: Callable) -> Callable:
+    """`fn` (a chunk: pure, its batched inputs all arguments) that, under `jax.vmap` (a
+    sampler vmapped over seeds, params or env params), runs its `scan_while` with one loop
+    counter for all members.
+
+    A `while_loop` whose condition reads batched values is batched by JAX as a loop until
+    every member stops, with every carried value selected per member on every step and
+    its records written by scatters at per-member indices: on CPU the whole `(T, ...)`
+    trajectory buffer was copied every step (8 seeds of 1024 CartPoles sampled at 0.37 of
+    a vmapped bare scan). Under `vmap_members` the vmap carries an axis name,
+    `scan_while` stops when no member has a step left (`pmax` over the members) and keeps
+    each stopped member's state and zero records as they are: the same values."""
+
+    @jax.custom_batching.custom_vmap
+    def members(*args: Any) -> Any:
+        return fn(*args)
+
+    @members.def_vmap
+    def batched(axis_size: int, in_batched: list, *args: Any):
+        in_axes = tuple(jax.tree.map(lambda b: 0 if b else None, b) for b in in_batched)
+        name = f"jaxrunner_members_{next(_AXIS_NAMES)}"
+        with _members(name):
+            out = jax.vmap(fn, in_axes=in_axes, axis_name=name, axis_size=axis_size)(*args)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return members
+
+
+def _scan_while_members(step: Callable, state: Any, buffers: Any, length: int,
+                        keep_going: Callable) -> tuple:
+    """`scan_while` inside `vmap_members`: one loop counter `t` for every member (the
+    loop runs while any member has a step left); a member whose `keep_going` failed keeps
+    its state and writes zero records from then on, as its own loop would have stopped.
+    Returns each member's steps taken."""
+    names = _member_axes()
+
+    def any_member(flag: jax.Array) -> jax.Array:
+        return jax.lax.pmax(flag.astype(jnp.int32), names) > 0
+
+    def one(loop):
+        t, taken, alive, state, out = loop
+        go = alive & keep_going(t, state, 1)
+        new_state, record = step(state)
+        state = jax.tree.map(lambda new, old: jnp.where(go, new, old), new_state, state)
+        out = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_index_in_dim(
+            buf, jnp.where(go, x, jnp.zeros_like(x)), t, 0), out, record)
+        return t + 1, taken + go.astype(jnp.int32), go, state, out
+
+    zero = jnp.zeros((), jnp.int32)
+    loop = (zero, zero, jnp.ones((), jnp.bool_), state, buffers)
+    _, taken, _, state, out = jax.lax.while_loop(
+        lambda loop: (loop[0] < length) & any_member(loop[2] & keep_going(loop[0], loop[3], 1)),
+        one, loop)
+    return taken, state, out
 
 
 def strong_types(tree: Any) -> Any:
