@@ -767,7 +767,10 @@ def run_sampler_throughput(env_id: str, num_envs: int, num_steps: int, rounds: i
     """Single-chunk env steps/s: the pure sampler's jitted `sample()` against the bare
     `lax.scan` rollout (same env, 64x64 MLP, sampled actions), alternating rounds. With
     `num_seeds > 1` both run `jax.vmap`-ed over that many seeds (each its own keys and
-    sub-envs, the same policy params) in one program, as in a loop trained over seeds."""
+    sub-envs, the same policy params) in one program, as in a loop trained over seeds;
+    the sampler's side is then a plain `jax.jit` (JAX's Threefry lowering), as the user's
+    own jit of a vmapped loop compiles it, where one seed runs `sample_jit` as the runner
+    does."""
     import jax
 
     import jaxrunner

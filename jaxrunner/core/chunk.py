@@ -151,9 +151,7 @@ def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
     def one(loop):
         t, state, out = loop
         state, record = step(state)
-        out = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, t, 0),
-                           out, record)
-        return t + 1, state, out
+        return t + 1, state, _write_record(out, record, t)
 
     loop = (jnp.zeros((), jnp.int32), state, buffers)
     if steps_per_check > 1 and length >= steps_per_check:
@@ -167,6 +165,12 @@ def scan_while(step: Callable, state: Any, record_shape: Any, length: int,
                               one, loop)
 
 
+def _write_record(buffers: Any, record: Any, t: jax.Array) -> Any:
+    """`buffers` (`(length, ...)` leaves) with step `t`'s `record` written in."""
+    return jax.tree.map(lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, t, 0),
+                        buffers, record)
+
+
 # The axis names of the `vmap_members` vmaps being traced (innermost last), per thread.
 _MEMBER_AXES = threading.local()
 _AXIS_NAMES = itertools.count()
@@ -178,11 +182,12 @@ def _member_axes() -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def _members(name: str) -> Iterator[None]:
-    _MEMBER_AXES.names = _member_axes() + (name,)
+    outer = _member_axes()
+    _MEMBER_AXES.names = outer + (name,)
     try:
         yield
     finally:
-        _MEMBER_AXES.names = _member_axes()[:-1]
+        _MEMBER_AXES.names = outer
 
 
 def vmap_members(fn: Callable) -> Callable:
@@ -193,8 +198,9 @@ def vmap_members(fn: Callable) -> Callable:
     A `while_loop` whose condition reads batched values is batched by JAX as a loop until
     every member stops, with every carried value selected per member on every step and
     its records written by scatters at per-member indices: on CPU the whole `(T, ...)`
-    trajectory buffer was copied every step (8 seeds of 1024 CartPoles sampled at 0.37 of
-    a vmapped bare scan). Under `vmap_members` the vmap carries an axis name,
+    trajectory buffer was copied every step (8 seeds of 1024 CartPoles sampled at 0.29 of
+    a vmapped bare scan, 0.96 with this; `benchmarks/results/fused_lowering/
+    sampler_throughput_vmapped_2026-12-07.json`). Under `vmap_members` the vmap carries an axis name,
     `scan_while` stops when no member has a step left (`pmax` over the members) and keeps
     each stopped member's state and zero records as they are: the same values."""
 
@@ -216,28 +222,24 @@ def vmap_members(fn: Callable) -> Callable:
 def _scan_while_members(step: Callable, state: Any, buffers: Any, length: int,
                         keep_going: Callable) -> tuple:
     """`scan_while` inside `vmap_members`: one loop counter `t` for every member (the
-    loop runs while any member has a step left); a member whose `keep_going` failed keeps
-    its state and writes zero records from then on, as its own loop would have stopped.
-    Returns each member's steps taken."""
+    loop runs while any member takes step `t`, `pmax` over the members); a member that
+    stopped keeps its state and writes zero records from then on, as its own loop would
+    have stopped. Returns each member's steps taken."""
     names = _member_axes()
 
-    def any_member(flag: jax.Array) -> jax.Array:
-        return jax.lax.pmax(flag.astype(jnp.int32), names) > 0
-
     def one(loop):
-        t, taken, alive, state, out = loop
-        go = alive & keep_going(t, state, 1)
+        t, taken, go, state, out = loop  # go: this member takes step t
         new_state, record = step(state)
         state = jax.tree.map(lambda new, old: jnp.where(go, new, old), new_state, state)
-        out = jax.tree.map(lambda buf, x: jax.lax.dynamic_update_index_in_dim(
-            buf, jnp.where(go, x, jnp.zeros_like(x)), t, 0), out, record)
-        return t + 1, taken + go.astype(jnp.int32), go, state, out
+        record = jax.tree.map(lambda x: jnp.where(go, x, jnp.zeros_like(x)), record)
+        return (t + 1, taken + go.astype(jnp.int32), go & keep_going(t + 1, state, 1), state,
+                _write_record(out, record, t))
 
     zero = jnp.zeros((), jnp.int32)
-    loop = (zero, zero, jnp.ones((), jnp.bool_), state, buffers)
+    loop = (zero, zero, keep_going(zero, state, 1), state, buffers)
     _, taken, _, state, out = jax.lax.while_loop(
-        lambda loop: (loop[0] < length) & any_member(loop[2] & keep_going(loop[0], loop[3], 1)),
-        one, loop)
+        lambda loop: (loop[0] < length)
+        & (jax.lax.pmax(loop[2].astype(jnp.int32), names) > 0), one, loop)
     return taken, state, out
 
 
