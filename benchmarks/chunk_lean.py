@@ -78,8 +78,10 @@ def make_runner_side(num_envs: int, num_steps: int, **env_runners: Any):
     return run
 
 
-def bare_scan_lowered(num_envs: int, num_steps: int, unrolled_rng: bool = False):
-    """The bare scan of `make_bare_scan`, lowered (for its HLO)."""
+def bare_scan_lowered(num_envs: int, num_steps: int, unrolled_rng: bool = False,
+                      num_seeds: int = 0):
+    """The bare scan of `make_bare_scan`, lowered (for its HLO); `num_seeds > 0`: vmapped
+    over that many seeds, each with its own sub-envs (as `make_bare_scan(num_seeds=)`)."""
     import gymnax
 
     env, params = gymnax.make(ENV_ID)
@@ -105,12 +107,17 @@ def bare_scan_lowered(num_envs: int, num_steps: int, unrolled_rng: bool = False)
         carry, traj = jax.lax.scan(body, carry, None, length=num_steps)
         return strong_types(carry), traj
 
+    def init(key):
+        obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, num_envs),
+                                                            params)
+        return strong_types((obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
+                             jnp.zeros((), jnp.int32)))
+
     key = jax.random.key(0)
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, num_envs),
-                                                        params)
-    carry = strong_types((obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
-                          jnp.zeros((), jnp.int32)))
-    return lowering.jit(rollout, unrolled=unrolled_rng).lower(carry)
+    if num_seeds:
+        init, rollout = jax.vmap(init), jax.vmap(rollout)
+        key = jax.random.split(key, num_seeds)
+    return lowering.jit(rollout, unrolled=unrolled_rng).lower(jax.eval_shape(init, key))
 
 
 def _computations(text: str) -> dict[str, list[str]]:

@@ -1,7 +1,7 @@
 """Where the pure sampler's compile time goes: its pieces compiled alone, in fresh processes.
 
-    python benchmarks/compile_parts.py [--env CartPole-v1] [--rounds 3]
-        [--output benchmarks/results/compile_parts.json]
+    python benchmarks/compile_parts.py [--env CartPole-v1] [--rounds 3] [--seeds 8]
+        [--llvm-ir] [--output benchmarks/results/compile_parts.json]
 
 The fused PPO's time to solve (issue 17) is mostly compile on a 2-core CPU, and the
 sampler's chunk compiles longer than the bare PureJaxRL-style rollout scan. This script
@@ -17,21 +17,31 @@ sizes (`time_to_solve.HYPER`: 16 sub-envs, the env's rollout length, 64x64 tanh 
 - `restart_reset`: the reset of every sub-env `sample()` runs when sub-envs failed
   beyond the tolerance (`ChunkFns.reset_carry`).
 
+`--seeds N`: every piece `jax.vmap`-ed over `N` seeds (states, and the bare scan's
+carries, from `N` keys; shared params), as the fused PPO vmapped over seeds compiles it.
+
 Per piece: XLA's compile seconds (`lowered.compile()`, tracing and lowering not
 included) and the fusions (kernels) of the compiled program, and for the pieces with a
 time loop (bare scan, sampler, chunk) the fusions of the loop's body
-(`chunk_lean.kernel_counts`). XLA:CPU compiles every fusion as its own kernel, so the
-count is what the compile time follows.
+(`chunk_lean.kernel_counts`). With `--llvm-ir`, also the bytes of optimised LLVM IR
+XLA:CPU generates for the piece (one more fresh process per piece, dumping with
+`--xla_dump_to`): XLA:CPU compiles every fusion as its own LLVM module, and LLVM
+unrolls and vectorises small fixed-size loops, so a kernel's code size, and its compile
+time, depends on its shape and element type as well as on the kernel count (a bool OR
+reduction over `(64, 16)`, or a `(T, B)` flag array masked by a broadcast `(T,)` one,
+compiles to several times the LLVM code of an int32 sum of the same flags).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -41,8 +51,9 @@ PIECES = ("bare_scan", "sampler_sample", "chunk", "metric_ring", "restart_reset"
 TIME_LOOP_PIECES = ("bare_scan", "sampler_sample", "chunk")
 
 
-def _lowered(piece: str, env_id: str) -> Any:
-    """The lowered program of `piece` (see the module docstring)."""
+def _lowered(piece: str, env_id: str, seeds: int = 0) -> Any:
+    """The lowered program of `piece` (see the module docstring), vmapped over `seeds`
+    seeds when `seeds > 0`."""
     import jax
     import jax.numpy as jnp
 
@@ -56,46 +67,56 @@ def _lowered(piece: str, env_id: str) -> Any:
 
         if env_id != "CartPole-v1":
             raise ValueError("the bare_scan piece is CartPole-v1's (chunk_lean's bare scan).")
-        return bare_scan_lowered(hp.num_envs, hp.num_steps)
+        return bare_scan_lowered(hp.num_envs, hp.num_steps, num_seeds=seeds)
     sampler = jaxrunner.make_sampler(_runner_config(env_id, 0, hp))
     params = sampler.params
-    state = jax.eval_shape(sampler.init, sampler.default_key)
+    keys = jax.random.split(sampler.default_key, seeds) if seeds else sampler.default_key
+    state = jax.eval_shape(jax.vmap(sampler.init) if seeds else sampler.init, keys)
     fns = sampler.chunk_fns("explore")
     int32 = jnp.int32
+
+    def lower(fn, *args, shared_params=False):  # args per seed; `params` last if shared
+        if seeds:
+            axes = (0,) * (len(args) - shared_params) + (None,) * shared_params
+            fn = jax.vmap(fn, in_axes=axes)
+        return jax.jit(fn).lower(*args)
+
     if piece == "sampler_sample":
-        return jax.jit(lambda s, p: sampler.sample(s, p)).lower(state, params)
+        return lower(lambda s, p: sampler.sample(s, p), state, params, shared_params=True)
     if piece == "chunk":
         def chunk(s, p):
             return fns.chunk(s.carry, s.lookback, p, sampler.env_params,
                              int32(sampler.num_steps), NO_EPISODE_LIMIT, NO_EPISODE_LIMIT,
                              jnp.zeros((), int32))
-        return jax.jit(chunk).lower(state, params)
+        return lower(chunk, state, params, shared_params=True)
     if piece == "restart_reset":
-        return jax.jit(lambda c: fns.reset_carry(c, sampler.env_params)).lower(state.carry)
+        return lower(lambda c: fns.reset_carry(c, sampler.env_params), state.carry)
     if piece == "metric_ring":
-        shape = (sampler.num_steps, sampler.num_envs)
+        lead = (seeds,) if seeds else ()
+        shape = lead + (sampler.num_steps, sampler.num_envs)
         flags = jax.ShapeDtypeStruct(shape, jnp.bool_)
         ring = RingInput(done=flags, failed=flags,
-                         valid=jax.ShapeDtypeStruct(shape[:1], jnp.bool_),
+                         valid=jax.ShapeDtypeStruct(shape[:-1], jnp.bool_),
                          rewards=jax.ShapeDtypeStruct(shape, jnp.float32))
-        per_env = jax.ShapeDtypeStruct(shape[1:], int32)
+        per_env = jax.ShapeDtypeStruct(lead + (sampler.num_envs,), int32)
 
         def update(registers, ring, start_step, start_len, start_return, end_len):
             return write_ring(registers, ring, start_step, NO_EPISODE_LIMIT,
                               start_episode_len=start_len, start_episode_return=start_return,
                               end_episode_len=end_len,
-                              steps_in_call=1 + jnp.arange(shape[0], dtype=int32))
+                              steps_in_call=1 + jnp.arange(sampler.num_steps, dtype=int32))
         carry = state.carry
-        return jax.jit(update).lower(carry.metrics, ring, carry.vector_step, per_env,
-                                     jax.ShapeDtypeStruct(shape[1:], jnp.float32), per_env)
+        return lower(update, carry.metrics, ring, carry.vector_step, per_env,
+                     jax.ShapeDtypeStruct(per_env.shape, jnp.float32), per_env)
     raise ValueError(f"piece must be one of {PIECES}, got {piece!r}.")
 
 
-def measure_piece(piece: str, env_id: str) -> dict[str, Any]:
-    """Compile seconds and fusion counts of `piece`, in this process."""
+def measure_piece(piece: str, env_id: str, seeds: int = 0) -> dict[str, Any]:
+    """Compile seconds and fusion counts of `piece` (vmapped over `seeds` seeds when
+    `seeds > 0`), in this process."""
     from chunk_lean import kernel_counts
 
-    lowered = _lowered(piece, env_id)
+    lowered = _lowered(piece, env_id, seeds)
     start = time.perf_counter()
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
@@ -106,14 +127,34 @@ def measure_piece(piece: str, env_id: str) -> dict[str, Any]:
     return result
 
 
-def _fresh(piece: str, env_id: str) -> dict[str, Any]:
-    """`measure_piece` in a fresh Python process."""
+def _fresh(piece: str, env_id: str, seeds: int = 0, dump_to: str | None = None
+           ) -> dict[str, Any]:
+    """`measure_piece` in a fresh Python process (dumping XLA's programs, LLVM IR
+    included, to `dump_to` when given)."""
+    env = dict(os.environ)
+    if dump_to is not None:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump_to}".strip()
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", piece,
-                          "--env", env_id], capture_output=True, text=True)
+                          "--env", env_id, "--seeds", str(seeds)], capture_output=True,
+                         text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"compiling the piece {piece!r} of {env_id} failed in its own "
                            f"process (exit {out.returncode}):\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def llvm_ir_bytes(piece: str, env_id: str, seeds: int = 0) -> int:
+    """Bytes of the optimised LLVM IR XLA:CPU generates for `piece` (the largest dumped
+    program: the piece itself, not the small ones that build its arguments)."""
+    with tempfile.TemporaryDirectory() as dump:
+        _fresh(piece, env_id, seeds, dump_to=dump)
+        per_module: collections.Counter = collections.Counter()
+        for name in os.listdir(dump):
+            if name.endswith(".ir-with-opt.ll"):
+                per_module[name.split(".")[0]] += os.path.getsize(os.path.join(dump, name))
+        if not per_module:
+            raise RuntimeError(f"XLA dumped no LLVM IR for the piece {piece!r}.")
+        return per_module.most_common(1)[0][1]
 
 
 def main() -> None:
@@ -121,12 +162,16 @@ def main() -> None:
     parser.add_argument("--env", default="CartPole-v1", choices=["CartPole-v1", "Pendulum-v1"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pieces", nargs="+", default=list(PIECES), choices=PIECES)
+    parser.add_argument("--seeds", type=int, default=0,
+                        help="vmap every piece over this many seeds (default 0: one)")
+    parser.add_argument("--llvm-ir", action="store_true",
+                        help="also record each piece's optimised LLVM IR bytes")
     parser.add_argument("--one", choices=PIECES, help=argparse.SUPPRESS)
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
                                                          "compile_parts.json"))
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure_piece(args.one, args.env)))
+        print(json.dumps(measure_piece(args.one, args.env, args.seeds)))
         return
     from jaxrunner.benchmarking import machine_info
 
@@ -135,7 +180,7 @@ def main() -> None:
     load_before = os.getloadavg()
     for r in range(args.rounds):
         for piece in pieces[r % len(pieces):] + pieces[:r % len(pieces)]:
-            result = _fresh(piece, args.env)
+            result = _fresh(piece, args.env, args.seeds)
             runs[piece].append(result)
             print(f"round {r} {piece}: {result['compile_s']:.2f} s, "
                   f"{result['fusions']} fusions", flush=True)
@@ -143,7 +188,12 @@ def main() -> None:
                    "compile_s": [x["compile_s"] for x in runs[p]],
                    **{k: runs[p][0][k] for k in ("fusions", "time_loop_fusions")
                       if k in runs[p][0]}} for p in pieces}
+    if args.llvm_ir:
+        for p in pieces:
+            summary[p]["llvm_ir_bytes"] = llvm_ir_bytes(p, args.env, args.seeds)
+            print(f"{p}: {summary[p]['llvm_ir_bytes']} bytes of LLVM IR", flush=True)
     results = {"benchmark": "compile_parts", "env": args.env, "rounds": args.rounds,
+               "seeds": args.seeds,
                "machine": machine_info(), "load_avg_before": load_before,
                "load_avg_after": os.getloadavg(), "pieces": summary}
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

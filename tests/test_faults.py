@@ -154,6 +154,7 @@ def test_env_whose_every_episode_fails_stops_with_a_clear_error_instead_of_toppi
     assert batch.env_steps >= 64
 
 
+@pytest.mark.default_codegen  # two programs compared bit for bit (tests/conftest.py)
 def test_fault_check_does_not_change_clean_runs():
     clean = jr.SingleAgentEnvRunner(config=_config().environment("CartPole-v1"))
     unchecked = jr.SingleAgentEnvRunner(config=_config(check_finite=False).environment(

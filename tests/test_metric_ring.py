@@ -63,6 +63,9 @@ def test_update_registers_equals_a_python_loop(case):
     failed = (rng.random(done.shape) < 0.05) if case % 3 == 0 else np.zeros_like(done)
     terminated, truncated = terminated & ~failed, truncated & ~failed
     valid = np.arange(chunk_len) < rng.integers(1, chunk_len + 1)
+    # As a chunk's records: no flags at the steps not taken (`RingInput`).
+    terminated, truncated = terminated & valid[:, None], truncated & valid[:, None]
+    failed = failed & valid[:, None]
     rewards = rng.normal(size=done.shape).astype(np.float32)
     start_len = rng.integers(0, 30, num_envs).astype(np.int32)
     start_ret = rng.normal(size=num_envs).astype(np.float32)

@@ -309,7 +309,7 @@ class DeviceCallbacks:
         this ring's, its write positions are reused (no second search)."""
         regs = part.registers
         window = regs.values.shape[0]
-        done = ring.done & ring.valid[:, None]
+        done = ring.done  # False at the steps not taken (`RingInput`)
         writes = (episode_ring.writes if episode_ring is not None
                   and episode_ring.writes.rank.shape[0] == window
                   else locate_writes(done, window, episodes_limit))

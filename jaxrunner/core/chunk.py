@@ -69,7 +69,7 @@ from jaxrunner.core.carry import ChunkInfo, MetricRegisters
 from jaxrunner.core.faults import has_large_float_leaf, recreate_failed, step_failed
 from jaxrunner.core.dependence import trace_abstract
 from jaxrunner.core.finiteness import finite_outputs
-from jaxrunner.core.ring import write_ring
+from jaxrunner.core.ring import count_true, write_ring
 from jaxrunner.core.value_range import output_storage_dtypes
 
 POLICY_MODES = ("explore", "inference", "random")
@@ -599,14 +599,15 @@ def finish_chunk(layout: Any, carry: Any, start: Any, lookback: Any, records: An
             episode_ring=update)
         carry = carry.replace(callbacks=part)
     lookback = layout.roll_lookback(lookback, traj, steps_taken)
-    failed = traj.failed & traj.valid[:, None]
-    any_failed = jnp.any(failed)
+    failed = traj.failed  # (T, B); False past the last step (the records are zeros)
+    num_failures = count_true(failed)
+    any_failed = num_failures > 0
     first = jnp.argmax(failed.reshape(-1))
     info = ChunkInfo(num_steps=steps_taken, num_episodes=update.num_counted,
                      episode_env_steps=update.counted_len,
                      start_episode_count=start.episode_count,
                      start_episode_len=start.episode_len,
-                     num_failures=jnp.sum(failed.astype(jnp.int32)),
+                     num_failures=num_failures,
                      discarded_env_steps=update.discarded.astype(jnp.int32),
                      first_failure_step=jnp.where(any_failed, first // num_envs, -1),
                      first_failure_env=jnp.where(any_failed, first % num_envs, -1),

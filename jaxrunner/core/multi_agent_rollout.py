@@ -51,7 +51,7 @@ from jaxrunner.core.carry import (FAILED_FLAG, TERMINATED_FLAG, TRUNCATED_FLAG,
 from jaxrunner.core.chunk import ChunkFns, check_policy_mode, make_chunk_fns
 from jaxrunner.core.lookback import gather_last, last_positions, zeros_like_steps
 from jaxrunner.core.mapping import AgentMapping
-from jaxrunner.core.ring import RingInput, stacked_registers, write_episodes
+from jaxrunner.core.ring import RingInput, count_true, stacked_registers, write_episodes
 from jaxrunner.core.rollout import _uniform_logp, action_mask_fn, random_legal_actions
 from jaxrunner.modules.distributions import masked_logits
 from jaxrunner.envs.multi_agent import ALL, MultiAgentEnv
@@ -591,7 +591,7 @@ class MultiAgentLayout:
         all_terminated = (records.all_flags & TERMINATED_FLAG) != 0
         all_truncated = (records.all_flags & TRUNCATED_FLAG) != 0
         failed = (records.all_flags & FAILED_FLAG) != 0
-        ended = (all_terminated | all_truncated | failed) & records.valid[:, None]  # (T, B)
+        ended = all_terminated | all_truncated | failed  # (T, B); False past the last step
         steps = jnp.arange(chunk_len, dtype=jnp.int32)[:, None]
         last_end = jax.lax.cummax(jnp.where(ended, steps, -1), axis=0)
         prev_end = jnp.concatenate([jnp.full((1, num_envs), -1, jnp.int32), last_end[:-1]])
@@ -631,8 +631,7 @@ class MultiAgentLayout:
                    start: MultiAgentCarry, update) -> MultiAgentCarry:
         """The per-agent and per-module rings and step counters."""
         chunk_len, num_envs = traj.episode_len.shape
-        valid = traj.valid[:, None]
-        episode_done = (traj.all_terminated | traj.all_truncated) & valid  # (T, B)
+        episode_done = traj.all_terminated | traj.all_truncated  # (T, B); as the ring's
         flat_index = jnp.arange(chunk_len * num_envs, dtype=jnp.int32).reshape(chunk_len,
                                                                                num_envs)
         counted = episode_done & (flat_index <= update.last_counted)
@@ -689,9 +688,9 @@ class MultiAgentLayout:
                     traj: MultiAgentTrajectory, agent_steps_done) -> dict:
         # A failed episode's agent steps of this call, from one scan over the rows that
         # runs only when a sub-env failed.
-        failed = traj.failed & traj.valid[:, None]  # (T, B)
+        failed = traj.failed  # (T, B); False past the last step
         discarded = jax.lax.cond(
-            jnp.any(failed),
+            count_true(failed) > 0,
             lambda: jnp.sum(jnp.where(failed[..., None], _agent_steps_in_call(traj, start),
                                       0)),
             lambda: jnp.zeros((), jnp.int32))
@@ -702,7 +701,7 @@ class MultiAgentLayout:
 def _agent_steps_in_call(traj: MultiAgentTrajectory, start: MultiAgentCarry) -> jax.Array:
     """(T, B, A) int32: the completed agent steps of step t's episode within the current
     `sample()` call, up to and including step t."""
-    ended = (traj.all_terminated | traj.all_truncated | traj.failed) & traj.valid[:, None]
+    ended = traj.all_terminated | traj.all_truncated | traj.failed  # False past the last step
 
     def row(running, xs):
         completed, end = xs

@@ -28,10 +28,15 @@ class RingInput(NamedTuple):
 
     Either `episode_return` and `episode_len` (per step: of the episode up to and
     including step `t`) are given, or `rewards` and the chunk-start counters passed to
-    `write_ring` are, from which the written episodes' stats are derived."""
+    `write_ring` are, from which the written episodes' stats are derived.
 
-    done: jax.Array  # bool: an episode ended (and counts) at step t
-    failed: jax.Array | None  # bool: the sub-env failed at step t (episode discarded)
+    `done` and `failed` are False at the steps not taken (a chunk's records past its last
+    step are zeros), so they are read without a mask: a `(T, B)` flag array masked by a
+    broadcast `(T,)` `valid` compiles into LLVM code several times the size of the
+    unmasked one (`benchmarks/compile_parts.py`)."""
+
+    done: jax.Array  # bool: an episode ended (and counts) at step t; False if not taken
+    failed: jax.Array | None  # bool: the sub-env failed at step t (discarded); same
     valid: jax.Array  # (T,) bool: step t was taken
     rewards: jax.Array | None = None  # float32
     episode_return: jax.Array | None = None  # float32
@@ -67,11 +72,18 @@ class RingWrites(NamedTuple):
     last_counted: jax.Array  # () int32: flat index of the last counted end, or -1
 
 
+def count_true(flags: jax.Array) -> jax.Array:
+    """() int32: the True entries of a bool array. Also the way to test for any: XLA:CPU
+    compiles a bool OR reduction over a `(T, B)` array into several times the LLVM code
+    of this integer sum."""
+    return jnp.sum(flags, dtype=jnp.int32)
+
+
 def locate_writes(done: jax.Array, window: int, episodes_limit: jax.Array) -> RingWrites:
     """The writes of a `window`-slot ring from a chunk's `(T, B)` bool episode ends at
     taken steps, counted in (t, b) order up to `episodes_limit`: only the last `window`
     counted ends survive, so one `rank_positions` search finds them and the last one."""
-    total = jnp.sum(done.astype(jnp.int32))
+    total = count_true(done)
     num_new = jnp.minimum(total, episodes_limit)
     rank = num_new - window + 1 + jnp.arange(window, dtype=jnp.int32)
     found = rank_positions(done, jnp.concatenate([rank, num_new[None]]))
@@ -113,8 +125,7 @@ def rank_positions(flags: jax.Array, ranks: jax.Array) -> jax.Array:
 
 def _ends(ring: RingInput) -> jax.Array:
     """(T, B) bool: an episode ended (done or failed) at a taken step."""
-    ended = ring.done if ring.failed is None else ring.done | ring.failed
-    return ended & ring.valid[:, None]
+    return ring.done if ring.failed is None else ring.done | ring.failed
 
 
 def _episode_stats_at(ring: RingInput, flat_positions: jax.Array,
@@ -190,8 +201,7 @@ def write_ring(registers: MetricRegisters, ring: RingInput, start_step: jax.Arra
     """
     chunk_len, num_envs = ring.done.shape
     window = registers.window_return.shape[0]
-    valid = ring.valid[:, None]
-    done = ring.done & valid  # (T, B)
+    done = ring.done  # (T, B), False at the steps not taken
     writes = locate_writes(done, window, episodes_limit)
     total, num_new, rank, position, last_counted = writes
     written = rank >= 1
@@ -206,8 +216,7 @@ def write_ring(registers: MetricRegisters, ring: RingInput, start_step: jax.Arra
         counted = done & (flat_index <= last_counted)
         counted_len = jnp.sum(jnp.where(counted, ring.episode_len, 0))
         discarded = zero if steps_in_call is None or ring.failed is None else jnp.sum(
-            jnp.where(ring.failed & valid,
-                      jnp.minimum(ring.episode_len, steps_in_call[:, None]), 0))
+            jnp.where(ring.failed, jnp.minimum(ring.episode_len, steps_in_call[:, None]), 0))
     else:
         lengths, returns = _episode_stats_at(ring, position, start_episode_len,
                                              start_episode_return)
@@ -220,7 +229,7 @@ def write_ring(registers: MetricRegisters, ring: RingInput, start_step: jax.Arra
 
         exact = total > num_new
         if ring.failed is not None:
-            exact = exact | jnp.any(ring.failed & valid)
+            exact = exact | (count_true(ring.failed) > 0)
         counted_len, discarded = jax.lax.cond(
             exact, lambda _: _ended_lengths_slow(ring, start_episode_len, last_counted,
                                                  steps_in_call),
@@ -251,5 +260,6 @@ def stacked_registers(window: int, count: int) -> MetricRegisters:
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (count,) + x.shape), one)
 
 
-__all__ = ["NO_EPISODE_LIMIT", "RingInput", "RingUpdate", "RingWrites", "locate_writes",
+__all__ = ["NO_EPISODE_LIMIT", "RingInput", "RingUpdate", "RingWrites", "count_true",
+           "locate_writes",
            "rank_positions", "stacked_registers", "write_episodes", "write_ring"]
