@@ -130,7 +130,7 @@ def compute_gae(rewards: jax.Array, values: jax.Array, final_values: jax.Array,
         `targets = advantages + values`.
     """
     done = terminated | truncated
-    valid = jnp.broadcast_to(valid if valid.ndim == 2 else valid[:, None], done.shape)
+    valid = valid if valid.ndim == 2 else jnp.where(valid[:, None], True, jnp.zeros_like(done))
     valid_next = jnp.concatenate([valid[1:], jnp.zeros_like(valid[:1])], axis=0)
     continues = ~done & valid_next  # (T, B) the next row is the same episode
     values_next = jnp.concatenate([values[1:], jnp.zeros_like(values[:1])], axis=0)
@@ -143,8 +143,11 @@ def compute_gae(rewards: jax.Array, values: jax.Array, final_values: jax.Array,
         advantage = delta + gamma * gae_lambda * cont * next_advantage
         return advantage, advantage
 
-    _, advantages = jax.lax.scan(backward, jnp.zeros_like(values[0]),
-                                 (deltas, continues.astype(values.dtype)), reverse=True)
+    # As a select of the float episode flag (not a cast of the bool `continues`): XLA:CPU
+    # compiles the cast of a bool mask into several times the code.
+    continues_f = jnp.where(valid_next, (~done).astype(values.dtype), 0.0)
+    _, advantages = jax.lax.scan(backward, jnp.zeros_like(values[0]), (deltas, continues_f),
+                                 reverse=True)
     advantages = jnp.where(valid, advantages, 0.0)
     return advantages, jnp.where(valid, advantages + values, 0.0)
 
@@ -301,7 +304,9 @@ class PPOLearner:
         final_values = self._final_values(state.params, traj, values)
         # Steps not taken, and steps where a sub-env failed (its episode is discarded),
         # neither count in the loss nor pass advantages back.
-        valid = traj.valid[:, None] & ~traj.failed
+        # A select on the (T,) validity rather than `&` with its broadcast: XLA:CPU
+        # compiles the `&` into several times the code (`benchmarks/compile_parts.py`).
+        valid = jnp.where(traj.valid[:, None], ~traj.failed, False)
         advantages, targets = compute_gae(
             traj.rewards * cfg.reward_scale, values, final_values, traj.terminated,
             traj.truncated, valid, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda)
