@@ -15,13 +15,17 @@ sizes (`time_to_solve.HYPER`: 16 sub-envs, the env's rollout length, 64x64 tanh 
 - `metric_ring`: the chunk's metric-ring update alone (`jaxrunner.core.ring.write_ring`
   on the chunk's `(T, B)` done / failed / reward arrays);
 - `restart_reset`: the reset of every sub-env `sample()` runs when sub-envs failed
-  beyond the tolerance (`ChunkFns.reset_carry`).
+  beyond the tolerance (`ChunkFns.reset_carry`);
+- `fused_ppo`, `bare_ppo`: the whole solve-until-target programs
+  `time_to_solve.py --fused` compiles (`make_fused_train`, `make_bare_train`), each with
+  the lowering it uses there.
 
 `--seeds N`: every piece `jax.vmap`-ed over `N` seeds (states, and the bare scan's
 carries, from `N` keys; shared params), as the fused PPO vmapped over seeds compiles it.
 
 Per piece: XLA's compile seconds (`lowered.compile()`, tracing and lowering not
-included) and the fusions (kernels) of the compiled program, and for the pieces with a
+included; wall and the process's CPU seconds, which a busy machine disturbs less) and
+the fusions (kernels) of the compiled program, and for the pieces with a
 time loop (bare scan, sampler, chunk) the fusions of the loop's body
 (`chunk_lean.kernel_counts`). With `--llvm-ir`, also the bytes of optimised LLVM IR
 XLA:CPU generates for the piece (one more fresh process per piece, dumping with
@@ -47,7 +51,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # chunk_lean, time_to_solve
 
-PIECES = ("bare_scan", "sampler_sample", "chunk", "metric_ring", "restart_reset")
+PIECES = ("bare_scan", "sampler_sample", "chunk", "metric_ring", "restart_reset",
+          "fused_ppo", "bare_ppo")
 TIME_LOOP_PIECES = ("bare_scan", "sampler_sample", "chunk")
 
 
@@ -62,6 +67,8 @@ def _lowered(piece: str, env_id: str, seeds: int = 0) -> Any:
     from time_to_solve import HYPER, _runner_config
 
     hp = HYPER[env_id]
+    if piece in ("fused_ppo", "bare_ppo"):
+        return _ppo_lowered(piece, env_id, seeds)
     if piece == "bare_scan":
         from chunk_lean import bare_scan_lowered
 
@@ -111,17 +118,40 @@ def _lowered(piece: str, env_id: str, seeds: int = 0) -> Any:
     raise ValueError(f"piece must be one of {PIECES}, got {piece!r}.")
 
 
+def _ppo_lowered(piece: str, env_id: str, seeds: int) -> Any:
+    """The fused or bare PPO program of `time_to_solve.run_fused_comparison`, lowered as
+    it compiles it there (one seed unvmapped for `seeds <= 1`)."""
+    import jax
+    import numpy as np
+
+    from jaxrunner import lowering
+    from time_to_solve import HYPER, make_bare_train, make_fused_train
+
+    hp, num_seeds = HYPER[env_id], max(seeds, 1)
+    keys = jax.vmap(jax.random.key)(np.arange(num_seeds))
+    if piece == "fused_ppo":
+        fn = make_fused_train(env_id, hp, max_updates=1000)
+        unrolled = lowering.unroll_for_training(hp.num_envs, num_seeds)
+    else:
+        bare = make_bare_train(env_id, hp, max_updates=1000)
+        fn, unrolled = (lambda key: bare(key, 0)), False
+    if num_seeds > 1:
+        return lowering.jit(jax.vmap(fn), unrolled=unrolled).lower(keys)
+    return lowering.jit(fn, unrolled=unrolled).lower(keys[0])
+
+
 def measure_piece(piece: str, env_id: str, seeds: int = 0) -> dict[str, Any]:
     """Compile seconds and fusion counts of `piece` (vmapped over `seeds` seeds when
     `seeds > 0`), in this process."""
     from chunk_lean import kernel_counts
 
     lowered = _lowered(piece, env_id, seeds)
-    start = time.perf_counter()
+    cpu_start, start = time.process_time(), time.perf_counter()
     compiled = lowered.compile()
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     counts = kernel_counts(compiled.as_text())
-    result = {"piece": piece, "compile_s": seconds, "fusions": counts["program_fusions"]}
+    result = {"piece": piece, "compile_s": seconds, "compile_cpu_s": cpu,
+              "fusions": counts["program_fusions"]}
     if piece in TIME_LOOP_PIECES:
         result["time_loop_fusions"] = counts["loop_body_fusions"]
     return result
@@ -131,7 +161,8 @@ def _fresh(piece: str, env_id: str, seeds: int = 0, dump_to: str | None = None
            ) -> dict[str, Any]:
     """`measure_piece` in a fresh Python process (dumping XLA's programs, LLVM IR
     included, to `dump_to` when given)."""
-    env = dict(os.environ)
+    # Compiled, never loaded: no persistent compilation cache (a caller's, or a test run's).
+    env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
     if dump_to is not None:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump_to}".strip()
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", piece,
@@ -182,10 +213,14 @@ def main() -> None:
         for piece in pieces[r % len(pieces):] + pieces[:r % len(pieces)]:
             result = _fresh(piece, args.env, args.seeds)
             runs[piece].append(result)
-            print(f"round {r} {piece}: {result['compile_s']:.2f} s, "
+            print(f"round {r} {piece}: {result['compile_s']:.2f} s "
+                  f"({result['compile_cpu_s']:.2f} s CPU), "
                   f"{result['fusions']} fusions", flush=True)
     summary = {p: {"median_compile_s": statistics.median(x["compile_s"] for x in runs[p]),
                    "compile_s": [x["compile_s"] for x in runs[p]],
+                   "median_compile_cpu_s": statistics.median(x["compile_cpu_s"]
+                                                             for x in runs[p]),
+                   "compile_cpu_s": [x["compile_cpu_s"] for x in runs[p]],
                    **{k: runs[p][0][k] for k in ("fusions", "time_loop_fusions")
                       if k in runs[p][0]}} for p in pieces}
     if args.llvm_ir:

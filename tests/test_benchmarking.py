@@ -215,7 +215,31 @@ def test_compile_parts__each_piece_compiles_in_a_fresh_process_and_is_recorded(t
     assert set(pieces) == {"metric_ring", "restart_reset"}
     for piece in pieces.values():
         assert len(piece["compile_s"]) == 1 and piece["median_compile_s"] > 0
+        assert len(piece["compile_cpu_s"]) == 1 and piece["median_compile_cpu_s"] > 0
         assert piece["fusions"] > 0
+
+
+def test_compile_parts__vmapped_over_seeds_with_llvm_ir_bytes(tmp_path):
+    """`--seeds N` compiles the pieces vmapped over N seeds (more kernels than one seed's
+    ring), and `--llvm-ir` records the bytes of LLVM IR XLA generated for each."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "compile_parts.py")
+    runs = {}
+    for seeds in (0, 2):
+        output = tmp_path / f"parts_{seeds}.json"
+        subprocess.run([sys.executable, script, "--rounds", "1", "--pieces", "metric_ring",
+                        "--seeds", str(seeds), "--llvm-ir", "--output", str(output)],
+                       check=True, timeout=600, capture_output=True)
+        runs[seeds] = json.loads(output.read_text())
+    assert runs[2]["seeds"] == 2
+    one, two = runs[0]["pieces"]["metric_ring"], runs[2]["pieces"]["metric_ring"]
+    assert one["llvm_ir_bytes"] > 0 and two["llvm_ir_bytes"] > 0
+    assert two["fusions"] >= one["fusions"]
 
 
 def test_compile_parts__the_sampler_holds_its_chunk_and_the_chunk_its_ring(monkeypatch):
