@@ -31,13 +31,12 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxrunner  # noqa: E402
 from jaxrunner import lowering  # noqa: E402
-from jaxrunner.benchmarking import (compare, machine_info, make_bare_scan,  # noqa: E402
-                                    make_policy, strong_types)
+from jaxrunner.benchmarking import (bare_scan_fns, compare, machine_info,  # noqa: E402
+                                    make_bare_scan)
 
 ENV_ID = "CartPole-v1"
 HIDDENS = (64, 64)
@@ -82,41 +81,8 @@ def bare_scan_lowered(num_envs: int, num_steps: int, unrolled_rng: bool = False,
                       num_seeds: int = 0):
     """The bare scan of `make_bare_scan`, lowered (for its HLO); `num_seeds > 0`: vmapped
     over that many seeds, each with its own sub-envs (as `make_bare_scan(num_seeds=)`)."""
-    import gymnax
-
-    env, params = gymnax.make(ENV_ID)
-    act = make_policy(int(np.prod(env.observation_space(params).shape)),
-                      env.action_space(params), HIDDENS)
-
-    def body(carry, _):
-        obs, state, key, ret, ret_sum, episodes = carry
-        key, act_key, step_key = jax.random.split(key, 3)
-        action, logp = act(obs, act_key)
-        next_obs, state, reward, terminated, truncated, _ = jax.vmap(
-            env.step, in_axes=(0, 0, 0, None))(jax.random.split(step_key, num_envs), state,
-                                                action, params)
-        done = terminated | truncated
-        ret = ret + reward
-        ret_sum = ret_sum + jnp.sum(jnp.where(done, ret, 0.0))
-        episodes = episodes + jnp.sum(done)
-        ret = jnp.where(done, 0.0, ret)
-        return (next_obs, state, key, ret, ret_sum, episodes), (obs, action, reward, done,
-                                                                logp)
-
-    def rollout(carry):
-        carry, traj = jax.lax.scan(body, carry, None, length=num_steps)
-        return strong_types(carry), traj
-
-    def init(key):
-        obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, num_envs),
-                                                            params)
-        return strong_types((obs, state, key, jnp.zeros((num_envs,)), jnp.zeros(()),
-                             jnp.zeros((), jnp.int32)))
-
-    key = jax.random.key(0)
-    if num_seeds:
-        init, rollout = jax.vmap(init), jax.vmap(rollout)
-        key = jax.random.split(key, num_seeds)
+    init, rollout, key = bare_scan_fns(ENV_ID, num_envs, num_steps, HIDDENS, False,
+                                       num_seeds=num_seeds)
     return lowering.jit(rollout, unrolled=unrolled_rng).lower(jax.eval_shape(init, key))
 
 

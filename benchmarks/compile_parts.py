@@ -120,24 +120,14 @@ def _lowered(piece: str, env_id: str, seeds: int = 0) -> Any:
 
 def _ppo_lowered(piece: str, env_id: str, seeds: int) -> Any:
     """The fused or bare PPO program of `time_to_solve.run_fused_comparison`, lowered as
-    it compiles it there (one seed unvmapped for `seeds <= 1`)."""
-    import jax
-    import numpy as np
-
+    it compiles it there (`time_to_solve.solve_programs`; one seed unvmapped for
+    `seeds <= 1`)."""
     from jaxrunner import lowering
-    from time_to_solve import HYPER, make_bare_train, make_fused_train
+    from time_to_solve import HYPER, solve_programs
 
-    hp, num_seeds = HYPER[env_id], max(seeds, 1)
-    keys = jax.vmap(jax.random.key)(np.arange(num_seeds))
-    if piece == "fused_ppo":
-        fn = make_fused_train(env_id, hp, max_updates=1000)
-        unrolled = lowering.unroll_for_training(hp.num_envs, num_seeds)
-    else:
-        bare = make_bare_train(env_id, hp, max_updates=1000)
-        fn, unrolled = (lambda key: bare(key, 0)), False
-    if num_seeds > 1:
-        return lowering.jit(jax.vmap(fn), unrolled=unrolled).lower(keys)
-    return lowering.jit(fn, unrolled=unrolled).lower(keys[0])
+    programs = solve_programs(env_id, max(seeds, 1), HYPER[env_id], max_updates=1000)
+    _, fn, arg, unrolled_rng = programs[piece.removesuffix("_ppo")]
+    return lowering.jit(fn, unrolled=unrolled_rng).lower(arg)
 
 
 def measure_piece(piece: str, env_id: str, seeds: int = 0) -> dict[str, Any]:

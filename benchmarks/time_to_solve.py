@@ -668,18 +668,15 @@ def _timed_compile(fn: Callable, *args: Any, unrolled_rng: bool = False
     return compiled, time.perf_counter() - start
 
 
-def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
-                         timing_iterations: int, rounds: int, fused_lowering: str = "auto"
-                         ) -> dict:
-    """Fused jaxrunner PPO against the bare PPO, `num_seeds` seeds vmapped (1: no vmap):
-    compile time, time to solve with compilation excluded and included (both solve-until
-    -target loops, every seed to the target or `max_updates`), and the per-iteration
-    time of `timing_iterations` scanned iterations, in `rounds` alternating rounds.
-
-    The bare PPO compiles as a hand-written `jax.jit` does (JAX's lowering); the fused one
-    as `PPOLearner.fused_train` compiles it (`fused_lowering="auto"`): the unrolled
-    Threefry lowering for several seeds of few sub-envs, JAX's for one seed
-    (`jaxrunner.lowering.unroll_for_training`)."""
+def solve_programs(env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
+                   fused_lowering: str = "auto") -> dict[str, tuple[Any, Callable, Any, bool]]:
+    """`{"bare": ..., "fused": ...}`, each `(train, fn, arg, unrolled_rng)`: the train
+    (`make_bare_train` / `make_fused_train`), its solve-until-target program over
+    `num_seeds` seeds (vmapped for more than one), the program's key argument, and
+    whether it compiles with the unrolled Threefry lowering. The bare PPO compiles as a
+    hand-written `jax.jit` does (JAX's lowering); the fused one as `PPOLearner.fused_train`
+    compiles it (`fused_lowering="auto"`): the unrolled lowering for several seeds of few
+    sub-envs, JAX's for one seed (`jaxrunner.lowering.unroll_for_training`)."""
     import jax
     import numpy as np
 
@@ -688,16 +685,36 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
     keys = jax.vmap(jax.random.key)(np.arange(num_seeds))
     bare = make_bare_train(env_id, hp, max_updates=max_updates)
     fused = make_fused_train(env_id, hp, max_updates=max_updates)
+    trains = {"bare": bare, "fused": fused}
     solve = {"bare": lambda k: bare(k, 0), "fused": fused}
     unrolled = {"bare": False, "fused": lowering.choose_unrolled(
         fused_lowering, lowering.unroll_for_training(hp.num_envs, num_seeds))}
+    return {name: (trains[name], fn if num_seeds == 1 else jax.vmap(fn),
+                   keys[0] if num_seeds == 1 else keys, unrolled[name])
+            for name, fn in solve.items()}
+
+
+def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
+                         timing_iterations: int, rounds: int, fused_lowering: str = "auto"
+                         ) -> dict:
+    """Fused jaxrunner PPO against the bare PPO, `num_seeds` seeds vmapped (1: no vmap):
+    compile time, time to solve with compilation excluded and included (both solve-until
+    -target loops, every seed to the target or `max_updates`), and the per-iteration
+    time of `timing_iterations` scanned iterations, in `rounds` alternating rounds. Each
+    side compiles as `solve_programs` says."""
+    import jax
+    import numpy as np
+
+    from jaxrunner import lowering
+
+    programs = solve_programs(env_id, num_seeds, hp, max_updates=max_updates,
+                              fused_lowering=fused_lowering)
     out: dict[str, Any] = {"env": env_id, "num_seeds": num_seeds,
-                           "fused_unrolled_rng": unrolled["fused"],
+                           "fused_unrolled_rng": programs["fused"][3],
                            "load_avg_1min_start": round(os.getloadavg()[0], 2)}
     for name in ("bare", "fused"):
-        fn = solve[name] if num_seeds == 1 else jax.vmap(solve[name])
-        arg = keys[0] if num_seeds == 1 else keys
-        compiled, compile_s = _timed_compile(fn, arg, unrolled_rng=unrolled[name])
+        _, fn, arg, unrolled_rng = programs[name]
+        compiled, compile_s = _timed_compile(fn, arg, unrolled_rng=unrolled_rng)
         start = time.perf_counter()
         updates, mean = jax.block_until_ready(compiled(arg))
         run_s = time.perf_counter() - start
@@ -711,6 +728,8 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
               f"{run_s:.1f}s, updates {updates.tolist()}", flush=True)
 
     # Per-iteration time: the same number of scanned iterations on both sides.
+    bare, fused = programs["bare"][0], programs["fused"][0]
+
     def bare_iter(carry):
         return jax.lax.scan(lambda c, _: (bare.update(c), None), carry, None,
                             length=timing_iterations)[0]
@@ -725,8 +744,9 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
     for name in ("bare", "fused"):
         init = inits[name] if num_seeds == 1 else jax.vmap(inits[name])
         step = steps[name] if num_seeds == 1 else jax.vmap(steps[name])
-        jit = functools.partial(lowering.jit, unrolled=unrolled[name])
-        states[name] = jit(init)(keys[0] if num_seeds == 1 else keys)
+        _, _, arg, unrolled_rng = programs[name]
+        jit = functools.partial(lowering.jit, unrolled=unrolled_rng)
+        states[name] = jit(init)(arg)
         runs[name] = jit(step, donate_argnums=(0,))
         states[name] = jax.block_until_ready(runs[name](states[name]))  # compile + warm up
     timings: dict[str, list[float]] = {"bare": [], "fused": []}

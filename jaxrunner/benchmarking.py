@@ -77,23 +77,18 @@ def make_policy(obs_size: int, action_space: Any, hiddens: tuple[int, ...], *,
     return act
 
 
-def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: int,
-                      num_steps: int, seed: int = 0, unrolled_rng: bool = False,
-                      num_seeds: int = 0) -> Callable[[], Any]:
-    """A PureJaxRL-style rollout, jitted: `run()` does one `lax.scan` of `num_steps` steps.
+def scan_rollout_fns(reset: Callable, step: Callable, act: Callable, num_envs: int,
+                     num_steps: int, seed: int = 0, num_seeds: int = 0
+                     ) -> tuple[Callable, Callable, jax.Array]:
+    """A PureJaxRL-style rollout, pure: `(init, rollout, key)` with `init(key) -> carry` and
+    `rollout(carry) -> (carry, trajectory)`, one `lax.scan` of `num_steps` steps.
 
     `reset(keys [B]) -> (obs, state)` and `step(keys [B], state, action) -> (obs, state,
     reward [B], done [B])` work on all `num_envs` sub-envs at once (the env's own
     auto-reset inside `step`); `act` as `make_policy` returns. The scan keeps what a
     minimal PPO rollout keeps (obs, action, reward, done, logp per step) and sums finished
-    episodes' returns on device. The carry holds strong types only, so the second call
-    runs the first call's program (no recompilation in the timed calls). `run()` returns
-    the rollout's time-major trajectory `(obs, action, reward, done, logp)`, each
-    `[num_steps, num_envs, ...]`, on device; it is not called here.
-
-    `unrolled_rng`: compile with jaxrunner's unrolled Threefry lowering
-    (`jaxrunner.lowering`), as jaxrunner's own programs are; default JAX's lowering, as a
-    hand-written scan gets.
+    episodes' returns on device; the carry holds strong types only. `key`: `init`'s
+    argument for `seed`.
 
     `num_seeds`: 0 (default) one rollout; `S > 0` `S` independent rollouts in one program
     (`jax.vmap` over seeds, each with its own keys and sub-envs, the same policy), as a
@@ -127,6 +122,23 @@ def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: 
     if num_seeds:
         init, rollout = jax.vmap(init), jax.vmap(rollout)
         key = jax.random.split(key, num_seeds)
+    return init, rollout, key
+
+
+def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: int,
+                      num_steps: int, seed: int = 0, unrolled_rng: bool = False,
+                      num_seeds: int = 0) -> Callable[[], Any]:
+    """`scan_rollout_fns`' rollout, jitted: `run()` does one `lax.scan` of `num_steps`
+    steps and returns the rollout's time-major trajectory `(obs, action, reward, done,
+    logp)`, each `[num_steps, num_envs, ...]` (`[S, num_steps, ...]` with `num_seeds=S`),
+    on device; it is not called here. The carry holds strong types only, so the second
+    call runs the first call's program (no recompilation in the timed calls).
+
+    `unrolled_rng`: compile with jaxrunner's unrolled Threefry lowering
+    (`jaxrunner.lowering`), as jaxrunner's own programs are; default JAX's lowering, as a
+    hand-written scan gets."""
+    init, rollout, key = scan_rollout_fns(reset, step, act, num_envs, num_steps, seed=seed,
+                                          num_seeds=num_seeds)
     rollout = lowering.jit(rollout, unrolled=unrolled_rng)
     holder = {"carry": lowering.jit(init, unrolled=unrolled_rng)(key)}
 
@@ -137,14 +149,11 @@ def make_scan_rollout(reset: Callable, step: Callable, act: Callable, num_envs: 
     return run
 
 
-def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
-                   random_actions: bool, seed: int = 0, unrolled_rng: bool = False,
-                   num_seeds: int = 0) -> Callable[[], None]:
-    """A hand-written PureJaxRL-style rollout of a gymnax id or an `(env, params)` pair
-    (e.g. an adapted env suite's): `make_scan_rollout` over `vmap` of the env's
-    auto-resetting `step` (done = terminated | truncated) with `make_policy`'s policy.
-    Returns `run()` that does one rollout, already called once (compiled).
-    `unrolled_rng`, `num_seeds`: as `make_scan_rollout`'s."""
+def _gymnax_scan_parts(env_id: Any, hiddens: tuple[int, ...], random_actions: bool,
+                       seed: int) -> tuple[Callable, Callable, Callable]:
+    """`(reset, step, act)` for `scan_rollout_fns` of a gymnax id or an `(env, params)`
+    pair: `vmap` of the env's reset and auto-resetting `step` (done = terminated |
+    truncated), `make_policy`'s policy."""
     import gymnax
 
     env, params = gymnax.make(env_id) if isinstance(env_id, str) else env_id
@@ -160,8 +169,29 @@ def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[in
             env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
         return obs, state, reward, terminated | truncated
 
-    run = make_scan_rollout(reset, step, act, num_envs, num_steps, seed=seed,
-                            unrolled_rng=unrolled_rng, num_seeds=num_seeds)
+    return reset, step, act
+
+
+def bare_scan_fns(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
+                  random_actions: bool, seed: int = 0, num_seeds: int = 0
+                  ) -> tuple[Callable, Callable, jax.Array]:
+    """`scan_rollout_fns` of a gymnax id or an `(env, params)` pair (`make_bare_scan`'s
+    rollout, pure: e.g. to lower it for its HLO)."""
+    return scan_rollout_fns(*_gymnax_scan_parts(env_id, hiddens, random_actions, seed),
+                            num_envs, num_steps, seed=seed, num_seeds=num_seeds)
+
+
+def make_bare_scan(env_id: Any, num_envs: int, num_steps: int, hiddens: tuple[int, ...],
+                   random_actions: bool, seed: int = 0, unrolled_rng: bool = False,
+                   num_seeds: int = 0) -> Callable[[], None]:
+    """A hand-written PureJaxRL-style rollout of a gymnax id or an `(env, params)` pair
+    (e.g. an adapted env suite's): `make_scan_rollout` over `vmap` of the env's
+    auto-resetting `step` (done = terminated | truncated) with `make_policy`'s policy.
+    Returns `run()` that does one rollout, already called once (compiled).
+    `unrolled_rng`, `num_seeds`: as `make_scan_rollout`'s."""
+    run = make_scan_rollout(*_gymnax_scan_parts(env_id, hiddens, random_actions, seed),
+                            num_envs, num_steps, seed=seed, unrolled_rng=unrolled_rng,
+                            num_seeds=num_seeds)
     run()
     return run
 

@@ -130,7 +130,7 @@ def compute_gae(rewards: jax.Array, values: jax.Array, final_values: jax.Array,
         `targets = advantages + values`.
     """
     done = terminated | truncated
-    valid = valid if valid.ndim == 2 else jnp.where(valid[:, None], True, jnp.zeros_like(done))
+    valid = jnp.broadcast_to(valid if valid.ndim == 2 else valid[:, None], done.shape)
     valid_next = jnp.concatenate([valid[1:], jnp.zeros_like(valid[:1])], axis=0)
     continues = ~done & valid_next  # (T, B) the next row is the same episode
     values_next = jnp.concatenate([values[1:], jnp.zeros_like(values[:1])], axis=0)
