@@ -164,18 +164,23 @@ def _fresh(piece: str, env_id: str, seeds: int = 0, dump_to: str | None = None
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def largest_module_ir_bytes(dump: str) -> int:
+    """Bytes of optimised LLVM IR of the largest program XLA:CPU dumped into `dump`
+    (`--xla_dump_to`): the measured program, not the small ones that build its inputs."""
+    per_module: collections.Counter = collections.Counter()
+    for name in os.listdir(dump):
+        if name.endswith(".ir-with-opt.ll"):
+            per_module[name.split(".")[0]] += os.path.getsize(os.path.join(dump, name))
+    if not per_module:
+        raise RuntimeError(f"XLA dumped no LLVM IR into {dump}.")
+    return per_module.most_common(1)[0][1]
+
+
 def llvm_ir_bytes(piece: str, env_id: str, seeds: int = 0) -> int:
-    """Bytes of the optimised LLVM IR XLA:CPU generates for `piece` (the largest dumped
-    program: the piece itself, not the small ones that build its arguments)."""
+    """Bytes of the optimised LLVM IR XLA:CPU generates for `piece`."""
     with tempfile.TemporaryDirectory() as dump:
         _fresh(piece, env_id, seeds, dump_to=dump)
-        per_module: collections.Counter = collections.Counter()
-        for name in os.listdir(dump):
-            if name.endswith(".ir-with-opt.ll"):
-                per_module[name.split(".")[0]] += os.path.getsize(os.path.join(dump, name))
-        if not per_module:
-            raise RuntimeError(f"XLA dumped no LLVM IR for the piece {piece!r}.")
-        return per_module.most_common(1)[0][1]
+        return largest_module_ir_bytes(dump)
 
 
 def main() -> None:

@@ -169,6 +169,17 @@ def compile_counter():
         jax.config.update("jax_log_compiles", previous)
 
 
+def all_eqns(jaxpr):
+    """Every equation of a jaxpr (`jax.make_jaxpr(...).jaxpr`), those of its sub-jaxprs
+    (loop bodies and conditions, `cond` branches, inner `jit`s) included."""
+    import jax.extend
+
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from all_eqns(sub)
+
+
 def host_tree(tree):
     """A pytree of device arrays on the host, typed PRNG keys as their raw key data."""
     def leaf(x):

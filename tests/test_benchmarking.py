@@ -261,3 +261,33 @@ def test_compile_parts__the_sampler_holds_its_chunk_and_the_chunk_its_ring(monke
     assert 0 < loop < fusions["chunk"]
     assert measured["sampler_sample"]["time_loop_fusions"] == loop
     assert "time_loop_fusions" not in measured["metric_ring"]
+
+
+def test_kernel_forms__each_form_compiles_in_a_fresh_process_with_its_llvm_ir(tmp_path):
+    """`benchmarks/kernel_forms.py` compiles the forms it is given in fresh processes and
+    records their compile seconds and LLVM IR bytes; the pair it exists for differs as
+    the README says (a bool OR reduction against an int32 count of the same flags), and
+    more trivial kernels cost more to compile."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    output = tmp_path / "forms.json"
+    # XLA's default code generation, as the library and the benchmark's users get it: not
+    # this test run's faster-compiling flags (tests/conftest.py), under which LLVM does
+    # not vectorise and the forms' sizes do not differ.
+    env = {k: v for k, v in os.environ.items() if k != "JAX_DISABLE_MOST_OPTIMIZATIONS"}
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
+        "--xla_cpu_use_fusion_emitters=false", "").strip()
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "kernel_forms.py"),
+                    "--rounds", "1", "--forms", "any_bool", "count_int32",
+                    "trivial_kernels_10", "trivial_kernels_100", "--output", str(output)],
+                   check=True, timeout=600, capture_output=True, env=env)
+    results = json.loads(output.read_text())
+    forms = results["forms"]
+    assert forms["any_bool"]["llvm_ir_bytes"] > 2 * forms["count_int32"]["llvm_ir_bytes"]
+    assert (forms["trivial_kernels_100"]["llvm_ir_bytes"]
+            > forms["trivial_kernels_10"]["llvm_ir_bytes"])
+    assert results["compile_s_per_trivial_kernel"] > 0

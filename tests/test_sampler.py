@@ -21,7 +21,7 @@ import pytest
 import jaxrunner
 from jaxrunner.metrics import reduce_sample_metrics
 
-from conftest import host_tree, make_config
+from conftest import all_eqns, host_tree, make_config
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -362,18 +362,9 @@ def test_vmapped_sample__members_that_stop_early_match_their_own_unbatched_calls
 
     # One loop for both members: the chunk's while loop tests a () bool, where a loop
     # JAX batched itself would test one per member (and select its whole carry per step).
-    def loop_conditions(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "while":
-                yield tuple(v.aval.shape for v in eqn.params["cond_jaxpr"].jaxpr.outvars)
-            for param in eqn.params.values():
-                for sub in param if isinstance(param, (list, tuple)) else [param]:
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        yield from loop_conditions(inner)
-
     state = jax.vmap(sampler.init, in_axes=(0, None, 0))(keys, params, env_params)
     traced = jax.make_jaxpr(jax.vmap(lambda s, e: sampler.sample(s, params, e)[:2]))(
         state, env_params)
-    conditions = list(loop_conditions(traced.jaxpr))
+    conditions = [tuple(v.aval.shape for v in eqn.params["cond_jaxpr"].jaxpr.outvars)
+                  for eqn in all_eqns(traced.jaxpr) if eqn.primitive.name == "while"]
     assert conditions and all(shapes == ((),) for shapes in conditions), conditions
