@@ -240,6 +240,14 @@ def test_compile_parts__vmapped_over_seeds_with_llvm_ir_bytes(tmp_path):
     one, two = runs[0]["pieces"]["metric_ring"], runs[2]["pieces"]["metric_ring"]
     assert one["llvm_ir_bytes"] > 0 and two["llvm_ir_bytes"] > 0
     assert two["fusions"] >= one["fusions"]
+    # The seeds are a leading axis of the compiled ring's flags (not ignored).
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    try:
+        import compile_parts
+        text = compile_parts._lowered("metric_ring", "CartPole-v1", 2).as_text()
+    finally:
+        sys.path.remove(os.path.join(root, "benchmarks"))
+    assert "tensor<2x64x16xi1>" in text
 
 
 def test_compile_parts__the_sampler_holds_its_chunk_and_the_chunk_its_ring(monkeypatch):
