@@ -23,8 +23,10 @@ sizes (`time_to_solve.HYPER`: 16 sub-envs, the env's rollout length, 64x64 tanh 
 `--seeds N`: every piece `jax.vmap`-ed over `N` seeds (states, and the bare scan's
 carries, from `N` keys; shared params), as the fused PPO vmapped over seeds compiles it.
 
-Per piece: XLA's compile seconds (`lowered.compile()`, tracing and lowering not
-included; wall and the process's CPU seconds, which a busy machine disturbs less) and
+Per piece: the seconds JAX takes to trace the program and lower it to StableHLO
+(`jit(...).lower(...)`; building the sampler or the trains not included), XLA's compile
+seconds (`lowered.compile()`; wall and the process's CPU seconds, which a busy machine
+disturbs less) and
 the fusions (kernels) of the compiled program, and for the pieces with a
 time loop (bare scan, sampler, chunk) the fusions of the loop's body
 (`chunk_lean.kernel_counts`). With `--llvm-ir`, also the bytes of optimised LLVM IR
@@ -47,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # chunk_lean, time_to_solve
 
@@ -56,9 +58,10 @@ PIECES = ("bare_scan", "sampler_sample", "chunk", "metric_ring", "restart_reset"
 TIME_LOOP_PIECES = ("bare_scan", "sampler_sample", "chunk")
 
 
-def _lowered(piece: str, env_id: str, seeds: int = 0) -> Any:
-    """The lowered program of `piece` (see the module docstring), vmapped over `seeds`
-    seeds when `seeds > 0`."""
+def _lowering(piece: str, env_id: str, seeds: int = 0) -> Callable[[], Any]:
+    """A function that traces and lowers the program of `piece` (see the module
+    docstring), vmapped over `seeds` seeds when `seeds > 0`; what it is built from (the
+    sampler, the trains) is built before it is returned."""
     import jax
     import jax.numpy as jnp
 
@@ -68,13 +71,13 @@ def _lowered(piece: str, env_id: str, seeds: int = 0) -> Any:
 
     hp = HYPER[env_id]
     if piece in ("fused_ppo", "bare_ppo"):
-        return _ppo_lowered(piece, env_id, seeds)
+        return _ppo_lowering(piece, env_id, seeds)
     if piece == "bare_scan":
         from chunk_lean import bare_scan_lowered
 
         if env_id != "CartPole-v1":
             raise ValueError("the bare_scan piece is CartPole-v1's (chunk_lean's bare scan).")
-        return bare_scan_lowered(hp.num_envs, hp.num_steps, num_seeds=seeds)
+        return lambda: bare_scan_lowered(hp.num_envs, hp.num_steps, num_seeds=seeds)
     sampler = jaxrunner.make_sampler(_runner_config(env_id, 0, hp))
     params = sampler.params
     keys = jax.random.split(sampler.default_key, seeds) if seeds else sampler.default_key
@@ -86,7 +89,7 @@ def _lowered(piece: str, env_id: str, seeds: int = 0) -> Any:
         if seeds:
             axes = (0,) * (len(args) - shared_params) + (None,) * shared_params
             fn = jax.vmap(fn, in_axes=axes)
-        return jax.jit(fn).lower(*args)
+        return lambda: jax.jit(fn).lower(*args)
 
     if piece == "sampler_sample":
         return lower(lambda s, p: sampler.sample(s, p), state, params, shared_params=True)
@@ -118,29 +121,33 @@ def _lowered(piece: str, env_id: str, seeds: int = 0) -> Any:
     raise ValueError(f"piece must be one of {PIECES}, got {piece!r}.")
 
 
-def _ppo_lowered(piece: str, env_id: str, seeds: int) -> Any:
-    """The fused or bare PPO program of `time_to_solve.run_fused_comparison`, lowered as
-    it compiles it there (`time_to_solve.solve_programs`; one seed unvmapped for
-    `seeds <= 1`)."""
+def _ppo_lowering(piece: str, env_id: str, seeds: int) -> Callable[[], Any]:
+    """`_lowering` of the fused or bare PPO program of
+    `time_to_solve.run_fused_comparison`, lowered as it compiles it there
+    (`time_to_solve.solve_programs`; one seed unvmapped for `seeds <= 1`)."""
     from jaxrunner import lowering
     from time_to_solve import HYPER, solve_programs
 
     programs = solve_programs(env_id, max(seeds, 1), HYPER[env_id], max_updates=1000)
     _, fn, arg, unrolled_rng = programs[piece.removesuffix("_ppo")]
-    return lowering.jit(fn, unrolled=unrolled_rng).lower(arg)
+    return lambda: lowering.jit(fn, unrolled=unrolled_rng).lower(arg)
 
 
 def measure_piece(piece: str, env_id: str, seeds: int = 0) -> dict[str, Any]:
-    """Compile seconds and fusion counts of `piece` (vmapped over `seeds` seeds when
-    `seeds > 0`), in this process."""
+    """Trace-and-lower and compile seconds and fusion counts of `piece` (vmapped over
+    `seeds` seeds when `seeds > 0`), in this process."""
     from chunk_lean import kernel_counts
 
-    lowered = _lowered(piece, env_id, seeds)
+    lower = _lowering(piece, env_id, seeds)
+    start = time.perf_counter()
+    lowered = lower()
+    lower_s = time.perf_counter() - start
     cpu_start, start = time.process_time(), time.perf_counter()
     compiled = lowered.compile()
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     counts = kernel_counts(compiled.as_text())
-    result = {"piece": piece, "compile_s": seconds, "compile_cpu_s": cpu,
+    result = {"piece": piece, "trace_lower_s": lower_s, "compile_s": seconds,
+              "compile_cpu_s": cpu,
               "fusions": counts["program_fusions"]}
     if piece in TIME_LOOP_PIECES:
         result["time_loop_fusions"] = counts["loop_body_fusions"]
@@ -208,10 +215,14 @@ def main() -> None:
         for piece in pieces[r % len(pieces):] + pieces[:r % len(pieces)]:
             result = _fresh(piece, args.env, args.seeds)
             runs[piece].append(result)
-            print(f"round {r} {piece}: {result['compile_s']:.2f} s "
+            print(f"round {r} {piece}: traced and lowered in "
+                  f"{result['trace_lower_s']:.2f} s, compiled in {result['compile_s']:.2f} s "
                   f"({result['compile_cpu_s']:.2f} s CPU), "
                   f"{result['fusions']} fusions", flush=True)
-    summary = {p: {"median_compile_s": statistics.median(x["compile_s"] for x in runs[p]),
+    summary = {p: {"median_trace_lower_s": statistics.median(x["trace_lower_s"]
+                                                             for x in runs[p]),
+                   "trace_lower_s": [x["trace_lower_s"] for x in runs[p]],
+                   "median_compile_s": statistics.median(x["compile_s"] for x in runs[p]),
                    "compile_s": [x["compile_s"] for x in runs[p]],
                    "median_compile_cpu_s": statistics.median(x["compile_cpu_s"]
                                                              for x in runs[p]),
@@ -229,7 +240,8 @@ def main() -> None:
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(results, f, indent=1)
-    print(json.dumps({p: (round(s["median_compile_s"], 2), s["fusions"])
+    print(json.dumps({p: (round(s["median_trace_lower_s"], 2),
+                          round(s["median_compile_s"], 2), s["fusions"])
                       for p, s in summary.items()}))
     print(f"wrote {args.output}")
 

@@ -298,7 +298,7 @@ class Sampler:
             self._member_chunks[mode] = vmap_members(
                 lambda carry, lookback, params, env_params, steps: chunk(
                     carry, lookback, params, env_params, steps, NO_EPISODE_LIMIT,
-                    NO_EPISODE_LIMIT, jnp.zeros((), jnp.int32)))
+                    NO_EPISODE_LIMIT, jnp.zeros((), jnp.int32)), state_argnums=(0, 1))
         return self._member_chunks[mode]
 
     def jitted(self, mode: str) -> dict:

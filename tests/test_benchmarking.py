@@ -200,7 +200,8 @@ def test_benchmark_scripts__help_prints_and_exits_cleanly(script, monkeypatch, c
 
 def test_compile_parts__each_piece_compiles_in_a_fresh_process_and_is_recorded(tmp_path):
     """`benchmarks/compile_parts.py` compiles the pieces it is given in fresh processes and
-    records each one's compile seconds per round and its fusion count."""
+    records each one's trace-and-lower and compile seconds per round and its fusion
+    count."""
     import json
     import os
     import subprocess
@@ -215,6 +216,7 @@ def test_compile_parts__each_piece_compiles_in_a_fresh_process_and_is_recorded(t
     assert set(pieces) == {"metric_ring", "restart_reset"}
     for piece in pieces.values():
         assert len(piece["compile_s"]) == 1 and piece["median_compile_s"] > 0
+        assert len(piece["trace_lower_s"]) == 1 and piece["median_trace_lower_s"] > 0
         assert len(piece["compile_cpu_s"]) == 1 and piece["median_compile_cpu_s"] > 0
         assert piece["fusions"] > 0
 
@@ -244,7 +246,7 @@ def test_compile_parts__vmapped_over_seeds_with_llvm_ir_bytes(tmp_path):
     sys.path.insert(0, os.path.join(root, "benchmarks"))
     try:
         import compile_parts
-        text = compile_parts._lowered("metric_ring", "CartPole-v1", 2).as_text()
+        text = compile_parts._lowering("metric_ring", "CartPole-v1", 2)().as_text()
     finally:
         sys.path.remove(os.path.join(root, "benchmarks"))
     assert "tensor<2x64x16xi1>" in text

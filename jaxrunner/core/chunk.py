@@ -190,7 +190,7 @@ def _members(name: str) -> Iterator[None]:
         _MEMBER_AXES.names = outer
 
 
-def vmap_members(fn: Callable) -> Callable:
+def vmap_members(fn: Callable, state_argnums: tuple[int, ...] = ()) -> Callable:
     """`fn` (a chunk: pure, its batched inputs all arguments) that, under `jax.vmap` (a
     sampler vmapped over seeds, params or env params), runs its `scan_while` with one loop
     counter for all members.
@@ -202,18 +202,47 @@ def vmap_members(fn: Callable) -> Callable:
     a vmapped bare scan, 0.96 with this; `benchmarks/results/fused_lowering/
     sampler_throughput_vmapped_2026-12-07.json`). Under `vmap_members` the vmap carries an axis name,
     `scan_while` stops when no member has a step left (`pmax` over the members) and keeps
-    each stopped member's state and zero records as they are: the same values."""
+    each stopped member's state and zero records as they are: the same values.
+
+    The batching rule runs once per batching of the enclosing program, and JAX batches a
+    `while_loop`'s body several times to find which carried values are batched (a fused
+    train's loop over iterations: three times, the first with the counters that start
+    as constants unbatched). The vmapped chunk is traced once, as a `jax.jit` the later
+    batchings call again from its trace cache: the arguments in `state_argnums` (the
+    carried state) enter it batched whatever their batching, so every pass has the same
+    pattern. With `custom_vmap`'s own unbatched trace, that is two traces of the chunk
+    where there were four (8 seeds of a fused CartPole PPO: the program traced and
+    lowered in 1.9 s, not 3.3 s, the bare PPO's in 0.9 s; `benchmarks/results/
+    compile_parts/trace_lower_compile_2026-12-07.json`)."""
 
     @jax.custom_batching.custom_vmap
     def members(*args: Any) -> Any:
         return fn(*args)
 
+    vmapped_of: dict[tuple, Callable] = {}
+
     @members.def_vmap
     def batched(axis_size: int, in_batched: list, *args: Any):
-        in_axes = tuple(jax.tree.map(lambda b: 0 if b else None, b) for b in in_batched)
-        name = f"jaxrunner_members_{next(_AXIS_NAMES)}"
-        with _members(name):
-            out = jax.vmap(fn, in_axes=in_axes, axis_name=name, axis_size=axis_size)(*args)
+        args, in_batched = list(args), list(in_batched)
+        for i in state_argnums:
+            args[i] = jax.tree.map(
+                lambda x, b: x if b else jnp.broadcast_to(x, (axis_size,) + jnp.shape(x)),
+                args[i], in_batched[i])
+            in_batched[i] = jax.tree.map(lambda _: True, in_batched[i])
+        flags, structure = jax.tree.flatten(in_batched)
+        key = (axis_size, tuple(flags), structure, _member_axes(),
+               lowering.unrolled_threefry_active())
+        if key not in vmapped_of:
+            in_axes = tuple(jax.tree.map(lambda b: 0 if b else None, b) for b in in_batched)
+            name = f"jaxrunner_members_{next(_AXIS_NAMES)}"
+            vmapped = jax.vmap(fn, in_axes=in_axes, axis_name=name, axis_size=axis_size)
+
+            def traced(*args: Any) -> Any:
+                with _members(name):
+                    return vmapped(*args)
+
+            vmapped_of[key] = jax.jit(traced)
+        out = vmapped_of[key](*args)
         return out, jax.tree.map(lambda _: True, out)
 
     return members
