@@ -235,8 +235,30 @@ class UnrolledRngJit:
         with unrolled_threefry():
             return self._jitted.lower(*args, **kwargs)
 
+    def trace(self, *args: Any, **kwargs: Any) -> "UnrolledRngTraced":
+        """`jax.jit(...).trace(...)` inside `unrolled_threefry()` (a program's trace may
+        depend on the lowering: jaxrunner's chunk separates resets only under the
+        unrolled one), whose `lower()` runs inside it too."""
+        with unrolled_threefry():
+            return UnrolledRngTraced(self._jitted.trace(*args, **kwargs))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jitted, name)
+
+
+class UnrolledRngTraced:
+    """A `jax.stages.Traced` whose `lower()` runs inside `unrolled_threefry()`; other
+    attributes (`jaxpr`, `out_info`, ...) are the traced program's."""
+
+    def __init__(self, traced: Any):
+        self._traced = traced
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        with unrolled_threefry():
+            return self._traced.lower(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._traced, name)
 
 
 def jit(fun: Callable, *, unrolled: bool = True, **jit_kwargs: Any) -> Callable:
@@ -248,6 +270,6 @@ def jit(fun: Callable, *, unrolled: bool = True, **jit_kwargs: Any) -> Callable:
 __all__ = ["FUSED_UNROLL_MIN_SEEDS", "RNG_LOWERINGS", "ROLLED_ONE_KEY_MIN_COUNTS",
            "UNROLLED_THREEFRY_AVAILABLE",
            "UNROLLED_THREEFRY_MAX_JAXLIB", "UNROLL_MAX_ENVS", "unrolled_threefry_supported",
-           "UnrolledRngJit", "jit", "threefry2x32_unrolled",
+           "UnrolledRngJit", "UnrolledRngTraced", "jit", "threefry2x32_unrolled",
            "choose_unrolled", "unroll_for", "unroll_for_training",
            "unrolled_threefry", "unrolled_threefry_active"]

@@ -81,6 +81,19 @@ def test_jit__same_random_values_as_jax_default_without_a_loop():
 
 
 @needs_unrolled
+def test_jit_trace__lowers_with_the_unrolled_hash_too():
+    """`lowering.jit(f).trace(x).lower()` (JAX's staged API) gets the unrolled lowering
+    as `lower` does, not JAX's own, though the lowering happens after `trace` returns."""
+    unrolled = lowering.jit(_random_program())
+    key = jax.random.key(0)
+    traced = unrolled.trace(key)
+    assert traced.jaxpr is not None  # the traced program's own attributes
+    assert _threefry_loops(traced.lower().compile().as_text()) == []
+    assert _threefry_loops(jax.jit(_random_program()).trace(key).lower().compile()
+                           .as_text())  # JAX's own: loops
+
+
+@needs_unrolled
 def test_context__restores_jax_lowering_after_nesting_errors_and_threads():
     with lowering.unrolled_threefry():
         with lowering.unrolled_threefry():
