@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
+import re
 import statistics
 import time
 from typing import Any, Callable
@@ -284,10 +285,34 @@ def _filter_and_stack(env, spaces, device):
     return [MeanStdFilter(obs_space), FrameStacking(obs_space, 4)]
 
 
+_VECTOR_EXTENSIONS = re.compile(r"^(sse4_[12]|avx.*|fma|amx.*)$")
+
+
+def cpu_info() -> dict[str, Any]:
+    """The host CPU's model name and the vector extensions XLA:CPU's LLVM may target
+    (`sse4_*`, `avx*`, `fma`, `amx*` from /proc/cpuinfo; empty where it cannot be read).
+    Code size and compile time of one XLA program differ between CPUs that report the
+    same model name: an AVX2 and an AVX-512 machine vectorise bool reductions differently."""
+    model, flags = platform.processor(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return {"cpu_model": model,
+            "cpu_vector_extensions": sorted(f for f in flags if _VECTOR_EXTENSIONS.match(f))}
+
+
 def machine_info() -> dict[str, Any]:
     return {"jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
             "platform": platform.platform(), "processor": platform.processor(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), **cpu_info()}
 
 
 def run_throughput(*, env_id: str = "CartPole-v1", num_envs_list=(1024, 4096),
