@@ -18,7 +18,10 @@ sizes (`time_to_solve.HYPER`: 16 sub-envs, the env's rollout length, 64x64 tanh 
   beyond the tolerance (`ChunkFns.reset_carry`);
 - `fused_ppo`, `bare_ppo`: the whole solve-until-target programs
   `time_to_solve.py --fused` compiles (`make_fused_train`, `make_bare_train`), each with
-  the lowering it uses there.
+  the lowering it uses there;
+- `fused_ppo_jax_rng`, `fused_ppo_unrolled_rng` (not run by default): the fused program
+  with JAX's Threefry lowering or with the unrolled hash, whichever
+  `lowering.unroll_for_training` picks (the A/B behind `FUSED_UNROLL_MIN_SEEDS`).
 
 `--seeds N`: every piece `jax.vmap`-ed over `N` seeds (states, and the bare scan's
 carries, from `N` keys; shared params), as the fused PPO vmapped over seeds compiles it.
@@ -53,8 +56,9 @@ from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # chunk_lean, time_to_solve
 
-PIECES = ("bare_scan", "sampler_sample", "chunk", "metric_ring", "restart_reset",
-          "fused_ppo", "bare_ppo")
+DEFAULT_PIECES = ("bare_scan", "sampler_sample", "chunk", "metric_ring", "restart_reset",
+                  "fused_ppo", "bare_ppo")
+PIECES = DEFAULT_PIECES + ("fused_ppo_jax_rng", "fused_ppo_unrolled_rng")
 TIME_LOOP_PIECES = ("bare_scan", "sampler_sample", "chunk")
 
 
@@ -70,7 +74,7 @@ def _lowering(piece: str, env_id: str, seeds: int = 0) -> Callable[[], Any]:
     from time_to_solve import HYPER, _runner_config
 
     hp = HYPER[env_id]
-    if piece in ("fused_ppo", "bare_ppo"):
+    if piece.startswith(("fused_ppo", "bare_ppo")):
         return _ppo_lowering(piece, env_id, seeds)
     if piece == "bare_scan":
         from chunk_lean import bare_scan_lowered
@@ -124,12 +128,15 @@ def _lowering(piece: str, env_id: str, seeds: int = 0) -> Callable[[], Any]:
 def _ppo_lowering(piece: str, env_id: str, seeds: int) -> Callable[[], Any]:
     """`_lowering` of the fused or bare PPO program of
     `time_to_solve.run_fused_comparison`, lowered as it compiles it there
-    (`time_to_solve.solve_programs`; one seed unvmapped for `seeds <= 1`)."""
+    (`time_to_solve.solve_programs`; one seed unvmapped for `seeds <= 1`), or, for the
+    `fused_ppo_*_rng` pieces, the fused program with that Threefry lowering."""
     from jaxrunner import lowering
     from time_to_solve import HYPER, solve_programs
 
-    programs = solve_programs(env_id, max(seeds, 1), HYPER[env_id], max_updates=1000)
-    _, fn, arg, unrolled_rng = programs[piece.removesuffix("_ppo")]
+    fused_lowering = {"fused_ppo_jax_rng": "jax", "fused_ppo_unrolled_rng": "unrolled"}
+    programs = solve_programs(env_id, max(seeds, 1), HYPER[env_id], max_updates=1000,
+                              fused_lowering=fused_lowering.get(piece, "auto"))
+    _, fn, arg, unrolled_rng = programs["bare" if piece == "bare_ppo" else "fused"]
     return lambda: lowering.jit(fn, unrolled=unrolled_rng).lower(arg)
 
 
@@ -194,7 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1", choices=["CartPole-v1", "Pendulum-v1"])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--pieces", nargs="+", default=list(PIECES), choices=PIECES)
+    parser.add_argument("--pieces", nargs="+", default=list(DEFAULT_PIECES), choices=PIECES)
     parser.add_argument("--seeds", type=int, default=0,
                         help="vmap every piece over this many seeds (default 0: one)")
     parser.add_argument("--llvm-ir", action="store_true",

@@ -193,6 +193,12 @@ def unroll_for(num_envs: int) -> bool:
 #   more than such a run takes to solve;
 # - 8 vmapped seeds: the unrolled hash compiled faster (CartPole 8.2-9.5 s against
 #   9.9-11.6 s) and ran faster (0.96 against 1.01 of the bare PPO per iteration).
+# Again on an AVX-512 machine of the same kind (`benchmarks/compile_parts.py --pieces
+# bare_ppo fused_ppo_jax_rng fused_ppo_unrolled_rng`, 3 rotated rounds,
+# `benchmarks/results/compile_parts/one_seed_rng_lowering_*_2026-12-07.json`), one seed:
+# XLA's compile 5.36 against 6.06 s median (CartPole) and 3.92 against 4.56 s (Pendulum)
+# for JAX's lowering, though the unrolled program has 343 kernels against 540: its
+# straight-line hash kernels are large.
 FUSED_UNROLL_MIN_SEEDS = 2
 
 

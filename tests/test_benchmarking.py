@@ -252,6 +252,24 @@ def test_compile_parts__vmapped_over_seeds_with_llvm_ir_bytes(tmp_path):
     assert "tensor<2x64x16xi1>" in text
 
 
+def test_compile_parts__rng_lowering_pieces_lower_the_fused_program_each_way(monkeypatch):
+    """`fused_ppo_jax_rng` / `fused_ppo_unrolled_rng` are the fused PPO program with
+    JAX's Threefry lowering (its hash a loop: more while loops) and with the unrolled
+    hash; `fused_ppo` at one seed is the former, as `unroll_for_training` picks."""
+    import importlib
+    import os
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "benchmarks"))
+    compile_parts = importlib.import_module("compile_parts")
+
+    loops = {piece: compile_parts._lowering(piece, "CartPole-v1")().as_text().count(
+        "stablehlo.while") for piece in ("fused_ppo", "fused_ppo_jax_rng",
+                                         "fused_ppo_unrolled_rng")}
+    assert loops["fused_ppo_jax_rng"] > loops["fused_ppo_unrolled_rng"] > 0
+    assert loops["fused_ppo"] == loops["fused_ppo_jax_rng"]
+
+
 def test_compile_parts__the_sampler_holds_its_chunk_and_the_chunk_its_ring(monkeypatch):
     """The pieces nest as the script's JSON reads them: `Sampler.sample` compiles to more
     kernels than its chunk alone, and the chunk to more than its metric-ring update."""
