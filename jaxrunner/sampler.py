@@ -38,6 +38,7 @@ traced value, so nothing recompiles when only values change.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable
 
@@ -56,12 +57,14 @@ CARRY_COMPONENT = "env_runner_carry"
 _MOD = 2**32
 
 
-def _zero_lookback(init_lookback: Callable) -> Callable:
+def _zero_lookback(init_lookback: Callable, unrolled_rng: bool) -> Callable:
     """`init_lookback` for the runner shell: every layout's first lookback is zero
-    buffers, built here on the host from its traced shapes (the step's trace is shared
-    with the chunk's), so a fresh runner compiles no program for it."""
+    buffers, built here on the host from its traced shapes, so a fresh runner compiles no
+    program for it. Traced under the runner's Threefry lowering (`unrolled_rng`), so the
+    chunk's trace reuses this trace of the step (`core.chunk.make_chunk_fns`)."""
     def build(carry: Any, params: Any, env_params: Any) -> Any:
-        shapes = jax.eval_shape(init_lookback, carry, params, env_params)
+        with lowering.unrolled_threefry() if unrolled_rng else contextlib.nullcontext():
+            shapes = jax.eval_shape(init_lookback, carry, params, env_params)
         return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype)), shapes)
     return build
 
@@ -309,7 +312,7 @@ class Sampler:
             self._jitted[mode] = {
                 "init_carry": jit(fns.init_carry),
                 "reset_carry": jit(fns.reset_carry, donate_argnums=(0,)),
-                "init_lookback": _zero_lookback(fns.init_lookback),
+                "init_lookback": _zero_lookback(fns.init_lookback, self.unrolled_rng),
                 "chunk": jit(fns.chunk, donate_argnums=(0,)),
             }
         return self._jitted[mode]

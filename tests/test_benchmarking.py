@@ -252,6 +252,32 @@ def test_compile_parts__vmapped_over_seeds_with_llvm_ir_bytes(tmp_path):
     assert "tensor<2x64x16xi1>" in text
 
 
+def test_step_trace__times_both_sides_in_fresh_processes(tmp_path):
+    """`benchmarks/step_trace.py` times a fresh runner's trace of its first program in
+    fresh processes with the step's trace shared and traced twice, and records both."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    output = tmp_path / "step_trace.json"
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "step_trace.py"),
+                    "--envs", "CartPole-v1", "--rounds", "1", "--num-envs", "4",
+                    "--output", str(output)], check=True, timeout=600, capture_output=True)
+    results = json.loads(output.read_text())
+    case = results["envs"]["CartPole-v1"]
+    for side in ("shared", "traced_twice"):
+        run = {key: values[0] for key, values in case[side].items()
+               if not key.startswith("median")}
+        assert all(seconds > 0 for seconds in run.values()) and len(run) == 5
+        assert run["trace_s"] == pytest.approx(run["lookback_s"] + run["chunk_trace_s"])
+        assert run["trace_and_lower_s"] == pytest.approx(run["trace_s"] + run["lower_s"])
+    assert case["saved_s_median"] == pytest.approx(
+        case["traced_twice"]["median_trace_and_lower_s"]
+        - case["shared"]["median_trace_and_lower_s"])
+
+
 def test_compile_parts__rng_lowering_pieces_lower_the_fused_program_each_way(monkeypatch):
     """`fused_ppo_jax_rng` / `fused_ppo_unrolled_rng` are the fused PPO program with
     JAX's Threefry lowering (its hash a loop: more while loops) and with the unrolled

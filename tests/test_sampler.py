@@ -410,3 +410,78 @@ def test_vmapped_sample_in_a_while_loop__traces_the_vmapped_chunk_once():
                                       alone.carry.episode_count)
         np.testing.assert_allclose(batched.carry.obs[member], alone.carry.obs,
                                    rtol=1e-5, atol=1e-6)
+
+
+def _count_chunk_step_traces(monkeypatch) -> list:
+    """Records each Python trace of CartPole's `step_env` made by the chunk's vector step
+    (`one_step`; the env-analysis traces of the step are not counted)."""
+    import traceback
+
+    from gymnax.environments.classic_control.cartpole import CartPole
+
+    traces, original = [], CartPole.step_env
+
+    def counted(self, *args, **kwargs):
+        stack = traceback.extract_stack()
+        if (any(frame.name == "one_step" for frame in stack)
+                and not any(frame.filename.endswith("dependence.py") for frame in stack)):
+            traces.append(len(traces))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CartPole, "step_env", counted)
+    return traces
+
+
+@pytest.mark.parametrize("seeds", [0, 2])
+def test_fused_loop__traces_the_env_step_once_for_init_and_chunk(monkeypatch, seeds):
+    """`init` (its lookback's shapes) and the chunk's loop body share one trace of the
+    vector step: a fused loop's program traced CartPole's step twice before (three times
+    vmapped over seeds), once now. The loop's values equal those of the loop traced the
+    old way (`SHARE_STEP_TRACE = False`), bit for bit."""
+    import jaxrunner.core.chunk as chunk_module
+
+    config = make_config(num_envs=NUM_ENVS, fragment=T)
+    traces = _count_chunk_step_traces(monkeypatch)
+    sampler = jaxrunner.make_sampler(config)
+    params = sampler.params
+
+    def train(key):
+        def body(state, _):
+            state, traj, _ = sampler.sample(state, params)
+            return state, traj.rewards.sum()
+        return jax.lax.scan(body, sampler.init(key, params), None, length=CALLS)
+
+    keys = jax.vmap(jax.random.key)(jnp.arange(max(seeds, 1)))
+    program = jax.jit(jax.vmap(train)) if seeds else jax.jit(train)
+    shared = host_tree(program(keys if seeds else keys[0]))
+    assert len(traces) == 1, traces
+
+    # The same loop with the body tracing the step itself traces it twice, to the same
+    # values.
+    monkeypatch.setattr(chunk_module, "SHARE_STEP_TRACE", False)
+    fresh = jaxrunner.make_sampler(config)
+
+    def train_traced(key):
+        def body(state, _):
+            state, traj, _ = fresh.sample(state, params)
+            return state, traj.rewards.sum()
+        return jax.lax.scan(body, fresh.init(key, params), None, length=CALLS)
+
+    traces.clear()
+    program = jax.jit(jax.vmap(train_traced)) if seeds else jax.jit(train_traced)
+    traced = host_tree(program(keys if seeds else keys[0]))
+    # once for the shapes, once in the body; vmapped, once more in `custom_vmap`'s
+    # unbatched trace of the chunk
+    assert len(traces) == (3 if seeds else 2), traces
+    jax.tree.map(np.testing.assert_array_equal, shared, traced)
+
+
+def test_runner_first_sample__traces_the_env_step_once_in_the_chunk(monkeypatch):
+    """A runner's first `sample()` builds its zero lookback from the step's shapes, traced
+    under the runner's Threefry lowering, and its chunk's body reuses that trace: one trace
+    of CartPole's step in `one_step` (two before)."""
+    traces = _count_chunk_step_traces(monkeypatch)
+    runner = jaxrunner.SingleAgentEnvRunner(config=make_config(num_envs=NUM_ENVS, fragment=T))
+    runner.sample()
+    runner.sample()
+    assert len(traces) == 1, traces

@@ -57,6 +57,7 @@ import threading
 from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 from flax import struct
 
@@ -96,6 +97,13 @@ SEPARATE_STEP_OUTPUTS: bool | str = "auto"
 # (`obs_facts` in `make_chunk_fns`). False checks them anyway: for A/B benchmarks
 # (`benchmarks/proven_finite.py`).
 PROVE_OBS_FINITE = True
+# The chunk's loop body evaluates the vector step's trace made for its shapes (`init`'s
+# lookback, the chunk's buffers) instead of tracing the env's step again: one Python trace
+# of the step per program, the same compiled program (a runner's first program traces and
+# lowers in 3.2 s instead of 4.2 s for Brax's Ant, 10.0 s instead of 11.7 s for Craftax;
+# `benchmarks/step_trace.py`). The trace is kept while the chunk functions live. False
+# traces the step in the body again: for tests and A/B benchmarks.
+SHARE_STEP_TRACE = True
 # A layout's row store keeps the observation leaves the env only ever fills with small
 # integers in the narrowest integer dtype that holds them exactly (`obs_facts` in
 # `make_chunk_fns`; MinAtar's float32 grids in uint8: a quarter of the bytes). False keeps
@@ -350,7 +358,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
     vmapped_reset = jax.vmap(env.reset, in_axes=(0, None))
     callbacks = getattr(spec, "callbacks", None)
     bound: dict[str, Any] = {}  # the vector env step and the bound callbacks, once traced
-    step_shapes_of: dict[tuple, tuple] = {}  # one_step's output shapes per input signature
+    step_programs: dict[tuple, tuple] = {}  # one_step's trace per input signature
 
     def reset_all(key: jax.Array, env_params: Any):
         return strong_types(vmapped_reset(jax.random.split(key, num_envs), env_params))
@@ -504,17 +512,45 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             **fields)
         return new_carry, record, view, values
 
-    def step_shapes(carry: Any, params: Any, env_params: Any, cbs: Any) -> tuple:
-        """`(record, callback values or None)` shapes of one vector step, traced once per
-        input signature: `init_lookback` and the chunk's trace share the trace (a
-        fresh runner's first `sample()` then traces the step once less)."""
+    def traced_step(carry: Any, params: Any, env_params: Any, cbs: Any) -> tuple:
+        """`(closed jaxpr or None, output treedef, (record, callback values or None)
+        shapes)` of `one_step(carry, params, env_params, cbs, False)` without its view,
+        traced once per input signature and Threefry lowering (the vector step differs
+        under the unrolled one). `init_lookback`, the chunk's buffer shapes and the
+        chunk's loop body share that trace: the body evaluates the traced jaxpr, the same
+        equations a second trace would give, so a program holding both the init and the
+        chunk (a fused train), or a runner's first `sample()`, traces the env's step
+        once less. The jaxpr is None (each use traces the step itself) when the trace
+        captured a value of an enclosing trace."""
         leaves, treedef = jax.tree.flatten((carry, params, env_params))
-        signature = (cbs is None, treedef, tuple(_aval_signature(x) for x in leaves))
-        if signature not in step_shapes_of:
-            _, record, _, values = jax.eval_shape(
-                lambda c, p, e: one_step(c, p, e, cbs, False), carry, params, env_params)
-            step_shapes_of[signature] = (record, values)
-        return step_shapes_of[signature]
+        signature = (id(cbs), treedef, tuple(_aval_signature(x) for x in leaves),
+                     lowering.unrolled_threefry_active())
+        if signature not in step_programs:
+            def flat_step(*flat):
+                new_carry, record, _, values = one_step(*jax.tree.unflatten(treedef, flat),
+                                                        cbs, False)
+                return new_carry, record, values
+
+            closed, out_shape = jax.make_jaxpr(flat_step, return_shape=True)(*leaves)
+            own = not any(isinstance(c, jax.core.Tracer) for c in closed.consts)
+            step_programs[signature] = (closed if own else None,
+                                        jax.tree.structure(out_shape), out_shape[1:])
+        return step_programs[signature]
+
+    def traced_one_step(carry: Any, params: Any, env_params: Any, cbs: Any) -> tuple:
+        """`(carry, record, callback values or None)` of one vector step, from its
+        shared trace (`traced_step`)."""
+        closed, out_tree, _ = traced_step(carry, params, env_params, cbs)
+        if closed is None or not SHARE_STEP_TRACE:
+            new_carry, record, _, values = one_step(carry, params, env_params, cbs, False)
+            return new_carry, record, values
+        flat = jax.extend.core.jaxpr_as_fun(closed)(*jax.tree.leaves((carry, params,
+                                                                      env_params)))
+        return jax.tree.unflatten(out_tree, flat)
+
+    def step_shapes(carry: Any, params: Any, env_params: Any, cbs: Any) -> tuple:
+        """`(record, callback values or None)` shapes of one vector step."""
+        return traced_step(carry, params, env_params, cbs)[2]
 
     def init_lookback(carry: Any, params: Any, env_params: Any):
         return layout.init_lookback(step_shapes(carry, params, env_params, None)[0])
@@ -541,7 +577,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
 
         def step(loop):
             c, episodes_done, agent_steps_done, rows = loop
-            c, record, _, values = one_step(c, params, env_params, cbs, False)
+            c, record, values = traced_one_step(c, params, env_params, cbs)
             if store is not None:  # `values` is None without callbacks
                 rows, record = store.write(rows, record, values)
             episodes, agent_steps = layout.record_counts(record)
