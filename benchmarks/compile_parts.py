@@ -20,8 +20,8 @@ sizes (`time_to_solve.HYPER`: 16 sub-envs, the env's rollout length, 64x64 tanh 
   `time_to_solve.py --fused` compiles (`make_fused_train`, `make_bare_train`), each with
   the lowering it uses there;
 - `fused_ppo_jax_rng`, `fused_ppo_unrolled_rng` (not run by default): the fused program
-  with JAX's Threefry lowering or with the unrolled hash, whichever
-  `lowering.unroll_for_training` picks (the A/B behind `FUSED_UNROLL_MIN_SEEDS`).
+  forced to JAX's Threefry lowering or to the unrolled hash, whatever
+  `lowering.unroll_for_training` would pick (the A/B behind `FUSED_UNROLL_MIN_SEEDS`).
 
 `--seeds N`: every piece `jax.vmap`-ed over `N` seeds (states, and the bare scan's
 carries, from `N` keys; shared params), as the fused PPO vmapped over seeds compiles it.

@@ -345,8 +345,8 @@ def test_kernel_forms__each_form_compiles_in_a_fresh_process_with_its_llvm_ir(tm
     for form in forms.values():
         assert form["llvm_ir_bytes"] > 1000 and len(form["compile_s"]) == 1
         assert form["median_compile_s"] > 0
-    assert "avx2" in results["machine"]["cpu_vector_extensions"] or (
-        not results["machine"]["cpu_vector_extensions"])
+    assert isinstance(results["machine"]["cpu_model"], str)
+    assert all(isinstance(flag, str) for flag in results["machine"]["cpu_vector_extensions"])
     assert (forms["trivial_kernels_100"]["llvm_ir_bytes"]
             > 5 * forms["trivial_kernels_10"]["llvm_ir_bytes"])
     assert results["compile_s_per_trivial_kernel"] > 0
@@ -354,21 +354,15 @@ def test_kernel_forms__each_form_compiles_in_a_fresh_process_with_its_llvm_ir(tm
 
 @pytest.mark.parametrize("pair", ["any_bool/count_int32", "and_broadcast/select_broadcast",
                                   "cast_and/select_float"])
-def test_kernel_forms__the_two_forms_of_each_pair_compute_the_same_values(pair):
+def test_kernel_forms__the_two_forms_of_each_pair_compute_the_same_values(pair, monkeypatch):
     """The README compares the pairs' compile cost as equivalent code: each pair computes
     the same values, for flags with every bit pattern and every step count."""
-    import importlib.util
+    import importlib
     import os
 
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(
-        "kernel_forms", os.path.join(root, "benchmarks", "kernel_forms.py"))
-    kernel_forms = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kernel_forms)
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "benchmarks"))
+    kernel_forms = importlib.import_module("kernel_forms")
     rng = np.random.default_rng(0)
     first, second = pair.split("/")
     fn_a, shapes = kernel_forms._program(first)

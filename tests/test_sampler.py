@@ -442,34 +442,30 @@ def test_fused_loop__traces_the_env_step_once_for_init_and_chunk(monkeypatch, se
 
     config = make_config(num_envs=NUM_ENVS, fragment=T)
     traces = _count_chunk_step_traces(monkeypatch)
-    sampler = jaxrunner.make_sampler(config)
-    params = sampler.params
-
-    def train(key):
-        def body(state, _):
-            state, traj, _ = sampler.sample(state, params)
-            return state, traj.rewards.sum()
-        return jax.lax.scan(body, sampler.init(key, params), None, length=CALLS)
-
     keys = jax.vmap(jax.random.key)(jnp.arange(max(seeds, 1)))
-    program = jax.jit(jax.vmap(train)) if seeds else jax.jit(train)
-    shared = host_tree(program(keys if seeds else keys[0]))
+
+    def run_fused_loop():
+        """CALLS samples in a `scan` after `init`, in one jit (vmapped over `seeds`), of a
+        sampler built now (it reads `SHARE_STEP_TRACE` when first traced)."""
+        sampler = jaxrunner.make_sampler(config)
+
+        def train(key):
+            def body(state, _):
+                state, traj, _ = sampler.sample(state, sampler.params)
+                return state, traj.rewards.sum()
+            return jax.lax.scan(body, sampler.init(key), None, length=CALLS)
+
+        program = jax.jit(jax.vmap(train)) if seeds else jax.jit(train)
+        return host_tree(program(keys if seeds else keys[0]))
+
+    shared = run_fused_loop()
     assert len(traces) == 1, traces
 
     # The same loop with the body tracing the step itself traces it twice, to the same
     # values.
     monkeypatch.setattr(chunk_module, "SHARE_STEP_TRACE", False)
-    fresh = jaxrunner.make_sampler(config)
-
-    def train_traced(key):
-        def body(state, _):
-            state, traj, _ = fresh.sample(state, params)
-            return state, traj.rewards.sum()
-        return jax.lax.scan(body, fresh.init(key, params), None, length=CALLS)
-
     traces.clear()
-    program = jax.jit(jax.vmap(train_traced)) if seeds else jax.jit(train_traced)
-    traced = host_tree(program(keys if seeds else keys[0]))
+    traced = run_fused_loop()
     # once for the shapes, once in the body; vmapped, once more in `custom_vmap`'s
     # unbatched trace of the chunk
     assert len(traces) == (3 if seeds else 2), traces

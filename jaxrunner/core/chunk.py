@@ -512,10 +512,16 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             **fields)
         return new_carry, record, view, values
 
+    def step_without_view(carry: Any, params: Any, env_params: Any, cbs: Any) -> tuple:
+        """`one_step` as the chunk's loop runs it: `(carry, record, callback values or
+        None)`."""
+        new_carry, record, _, values = one_step(carry, params, env_params, cbs, False)
+        return new_carry, record, values
+
     def traced_step(carry: Any, params: Any, env_params: Any, cbs: Any) -> tuple:
         """`(closed jaxpr or None, output treedef, (record, callback values or None)
-        shapes)` of `one_step(carry, params, env_params, cbs, False)` without its view,
-        traced once per input signature and Threefry lowering (the vector step differs
+        shapes)` of `step_without_view(carry, params, env_params, cbs)`, traced once per
+        input signature and Threefry lowering (the vector step differs
         under the unrolled one). `init_lookback`, the chunk's buffer shapes and the
         chunk's loop body share that trace: the body evaluates the traced jaxpr, the same
         equations a second trace would give, so a program holding both the init and the
@@ -526,12 +532,9 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         signature = (id(cbs), treedef, tuple(_aval_signature(x) for x in leaves),
                      lowering.unrolled_threefry_active())
         if signature not in step_programs:
-            def flat_step(*flat):
-                new_carry, record, _, values = one_step(*jax.tree.unflatten(treedef, flat),
-                                                        cbs, False)
-                return new_carry, record, values
-
-            closed, out_shape = jax.make_jaxpr(flat_step, return_shape=True)(*leaves)
+            closed, out_shape = jax.make_jaxpr(
+                lambda *flat: step_without_view(*jax.tree.unflatten(treedef, flat), cbs),
+                return_shape=True)(*leaves)
             own = not any(isinstance(c, jax.core.Tracer) for c in closed.consts)
             step_programs[signature] = (closed if own else None,
                                         jax.tree.structure(out_shape), out_shape[1:])
@@ -542,8 +545,7 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         shared trace (`traced_step`)."""
         closed, out_tree, _ = traced_step(carry, params, env_params, cbs)
         if closed is None or not SHARE_STEP_TRACE:
-            new_carry, record, _, values = one_step(carry, params, env_params, cbs, False)
-            return new_carry, record, values
+            return step_without_view(carry, params, env_params, cbs)
         flat = jax.extend.core.jaxpr_as_fun(closed)(*jax.tree.leaves((carry, params,
                                                                       env_params)))
         return jax.tree.unflatten(out_tree, flat)
