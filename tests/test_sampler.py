@@ -370,6 +370,45 @@ def test_vmapped_sample__members_that_stop_early_match_their_own_unbatched_calls
     assert conditions and all(shapes == ((),) for shapes in conditions), conditions
 
 
+def test_nested_vmaps__seeds_by_env_params_match_one_flat_vmap():
+    """`vmap` over seeds inside `vmap` over env params (a seed x hyperparameter grid, as
+    research loops write it) gives each grid member the values a flat `vmap` over the same
+    members gives: states, trajectories and metrics (discrete parts exactly). Members
+    stop at different steps (a small final-observation store, episode limits of 500 and
+    2), so the inner axis's shared loop and the outer axis's batched one both freeze
+    members mid-chunk."""
+    config = make_config(num_envs=NUM_ENVS, fragment=T, final_obs_slots_per_env=1)
+    sampler = jaxrunner.make_sampler(config)
+    params = sampler.params
+    env_params = jax.tree.map(lambda x: jnp.stack([x, x]), sampler.env_params)
+    env_params = env_params.replace(max_steps_in_episode=jnp.asarray([500, 2]))
+    keys = jax.vmap(jax.random.key)(jnp.arange(4)).reshape(2, 2)  # (env params, seed)
+
+    def calls(key, env_params):
+        state = sampler.init(key, params, env_params)
+        outs = []
+        for _ in range(2):
+            state, traj, metrics = sampler.sample(state, params, env_params)
+            outs.append((traj, metrics))
+        return state, outs
+
+    nested = host_tree(jax.jit(jax.vmap(jax.vmap(calls, in_axes=(0, None))))(
+        keys, env_params))
+    flat_env_params = jax.tree.map(lambda x: jnp.repeat(x, 2, axis=0), env_params)
+    flat = host_tree(jax.jit(jax.vmap(calls))(keys.reshape(4), flat_env_params))
+    valid = np.stack([traj.valid for traj, _ in flat[1]])  # (call, member, T)
+    assert valid[:, 2:].sum() < valid[:, :2].sum(), valid  # members stop at different steps
+
+    def same(n, f):
+        n = n.reshape(f.shape)
+        if np.issubdtype(f.dtype, np.floating):
+            np.testing.assert_allclose(n, f, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(n, f)
+
+    jax.tree.map(same, nested, flat)
+
+
 def test_vmapped_sample_in_a_while_loop__traces_the_vmapped_chunk_once():
     """JAX batches a `while_loop`'s body pass by pass until it knows which carried values
     are batched: here the sampler's counters start as constants (unbatched) and become
