@@ -1,7 +1,8 @@
 """Where the pure sampler's compile time goes: its pieces compiled alone, in fresh processes.
 
     python benchmarks/compile_parts.py [--env CartPole-v1] [--rounds 3] [--seeds 8]
-        [--llvm-ir] [--share-step-trace false] [--output benchmarks/results/compile_parts.json]
+        [--llvm-ir] [--share-step-trace false] [--batched-from-start false]
+        [--output benchmarks/results/compile_parts.json]
 
 The fused PPO's time to solve (issue 17) is mostly compile on a 2-core CPU, and the
 sampler's chunk compiles longer than the bare PureJaxRL-style rollout scan. This script
@@ -162,17 +163,18 @@ def measure_piece(piece: str, env_id: str, seeds: int = 0) -> dict[str, Any]:
 
 
 def _fresh(piece: str, env_id: str, seeds: int = 0, dump_to: str | None = None,
-           share_step_trace: bool = True) -> dict[str, Any]:
+           share_step_trace: bool = True, batched_from_start: bool = True) -> dict[str, Any]:
     """`measure_piece` in a fresh Python process (dumping XLA's programs, LLVM IR
     included, to `dump_to` when given; with `core.chunk.SHARE_STEP_TRACE` set to
-    `share_step_trace`)."""
+    `share_step_trace` and `core.chunk.BATCHED_FROM_START` to `batched_from_start`)."""
     # Compiled, never loaded: no persistent compilation cache (a caller's, or a test run's).
     env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
     if dump_to is not None:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump_to}".strip()
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", piece,
                           "--env", env_id, "--seeds", str(seeds),
-                          "--share-step-trace", str(share_step_trace).lower()],
+                          "--share-step-trace", str(share_step_trace).lower(),
+                          "--batched-from-start", str(batched_from_start).lower()],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"compiling the piece {piece!r} of {env_id} failed in its own "
@@ -212,15 +214,21 @@ def main() -> None:
                         help="core.chunk.SHARE_STEP_TRACE: the chunk's loop body evaluates "
                              "the step's trace made for its shapes (true, the default) or "
                              "traces the step again (false)")
+    parser.add_argument("--batched-from-start", choices=("true", "false"), default="true",
+                        help="core.chunk.BATCHED_FROM_START: vmapped loops' carries start "
+                             "batched, so JAX batches their bodies once (true, the "
+                             "default), or as they come (false)")
     parser.add_argument("--one", choices=PIECES, help=argparse.SUPPRESS)
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results",
                                                          "compile_parts.json"))
     args = parser.parse_args()
     share_step_trace = args.share_step_trace == "true"
+    batched_from_start = args.batched_from_start == "true"
     if args.one:
         import jaxrunner.core.chunk
 
         jaxrunner.core.chunk.SHARE_STEP_TRACE = share_step_trace
+        jaxrunner.core.chunk.BATCHED_FROM_START = batched_from_start
         print(json.dumps(measure_piece(args.one, args.env, args.seeds)))
         return
     from jaxrunner.benchmarking import machine_info
@@ -230,7 +238,8 @@ def main() -> None:
     load_before = os.getloadavg()
     for r in range(args.rounds):
         for piece in pieces[r % len(pieces):] + pieces[:r % len(pieces)]:
-            result = _fresh(piece, args.env, args.seeds, share_step_trace=share_step_trace)
+            result = _fresh(piece, args.env, args.seeds, share_step_trace=share_step_trace,
+                            batched_from_start=batched_from_start)
             runs[piece].append(result)
             print(f"round {r} {piece}: traced and lowered in "
                   f"{result['trace_lower_s']:.2f} s, compiled in {result['compile_s']:.2f} s "
@@ -252,6 +261,7 @@ def main() -> None:
             print(f"{p}: {summary[p]['llvm_ir_bytes']} bytes of LLVM IR", flush=True)
     results = {"benchmark": "compile_parts", "env": args.env, "rounds": args.rounds,
                "seeds": args.seeds, "share_step_trace": share_step_trace,
+               "batched_from_start": batched_from_start,
                "machine": machine_info(), "load_avg_before": load_before,
                "load_avg_after": os.getloadavg(), "pieces": summary}
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

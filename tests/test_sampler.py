@@ -409,6 +409,76 @@ def test_nested_vmaps__seeds_by_env_params_match_one_flat_vmap():
     jax.tree.map(same, nested, flat)
 
 
+def test_same_batching_as__keeps_values_and_batches_constants_like_its_reference():
+    """`core.chunk.same_batching_as`: the same values; under `vmap` a leaf of constants
+    comes out batched when an integer or key leaf of the reference is batched (a mapped
+    output then cannot be returned with `out_axes=None`), and stays unbatched when the
+    reference is not."""
+    from jaxrunner.core.chunk import same_batching_as
+
+    tree = {"zeros": jnp.zeros(3), "count": jnp.int32(7), "flag": jnp.bool_(True)}
+    same = same_batching_as(tree, jax.random.key(0))
+    jax.tree.map(np.testing.assert_array_equal, same, tree)
+    keys = jax.vmap(jax.random.key)(jnp.arange(4))
+    batched = jax.vmap(lambda k: same_batching_as(tree, k))(keys)
+    assert batched["zeros"].shape == (4, 3) and batched["count"].shape == (4,)
+    np.testing.assert_array_equal(batched["count"], 7)
+    with pytest.raises(ValueError, match="out_axes"):
+        jax.vmap(lambda k: same_batching_as(tree, k)["zeros"], out_axes=None)(keys)
+    unbatched = jax.vmap(lambda k, like: same_batching_as(tree, like)["zeros"],
+                         in_axes=(0, None), out_axes=None)(keys, jnp.int32(1))
+    np.testing.assert_array_equal(unbatched, np.zeros(3))
+    # Without it, a constant under vmap is unbatched: returnable with out_axes=None.
+    jax.vmap(lambda k: tree["zeros"], out_axes=None)(keys)
+
+
+@pytest.mark.parametrize("batched_from_start", [True, False])
+def test_vmapped_fused_loop__batches_each_loop_body_once(monkeypatch, batched_from_start):
+    """Under `jax.vmap` JAX batches a loop's body once more for every carried value that
+    starts unbatched (a constant) and turns batched. With `core.chunk.BATCHED_FROM_START`
+    the fused PPO's state and the chunk's loop carry start batched, so each large loop
+    body (the iteration scan, the chunk's steps) is batched once; without it several
+    times (the second case shows the count sees it). The values are the same either way:
+    discrete parts exactly, floats to rounding (the two programs are batched in another
+    order, and XLA may fuse them differently; for the fused PPO of
+    `benchmarks/time_to_solve.py` the optimised programs were identical)."""
+    from jax._src.interpreters import batching
+
+    from jaxrunner.core import chunk
+    from jaxrunner.learners import PPOConfig, PPOLearner
+
+    monkeypatch.setattr(chunk, "BATCHED_FROM_START", batched_from_start)
+    calls: dict[int, int] = {}
+    batch_jaxpr = batching.batch_jaxpr
+
+    def counted(closed_jaxpr, *args, **kwargs):
+        if len(closed_jaxpr.jaxpr.eqns) >= 100:
+            calls[id(closed_jaxpr.jaxpr)] = calls.get(id(closed_jaxpr.jaxpr), 0) + 1
+        return batch_jaxpr(closed_jaxpr, *args, **kwargs)
+
+    monkeypatch.setattr(batching, "batch_jaxpr", counted)
+    sampler = jaxrunner.make_sampler(make_config(num_envs=NUM_ENVS, fragment=T))
+    learner = PPOLearner.from_sampler(sampler, PPOConfig(num_epochs=1, num_minibatches=1))
+    train = learner.make_train(sampler, 2)
+    keys = jax.vmap(jax.random.key)(jnp.arange(2))
+    out = host_tree(jax.jit(jax.vmap(train))(keys))
+    assert len(calls) >= 2, calls  # the iteration scan's body and the chunk's loop body
+    if batched_from_start:
+        assert set(calls.values()) == {1}, calls
+    else:
+        assert max(calls.values()) > 1, calls
+    monkeypatch.setattr(chunk, "BATCHED_FROM_START", not batched_from_start)
+    other = host_tree(jax.jit(jax.vmap(learner.make_train(sampler, 2)))(keys))
+
+    def same(a, b):
+        if np.issubdtype(a.dtype, np.floating):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(a, b)
+
+    jax.tree.map(same, out, other)
+
+
 def test_vmapped_sample_in_a_while_loop__traces_the_vmapped_chunk_once():
     """JAX batches a `while_loop`'s body pass by pass until it knows which carried values
     are batched: here the sampler's counters start as constants (unbatched) and become

@@ -104,6 +104,18 @@ PROVE_OBS_FINITE = True
 # `benchmarks/step_trace.py`). The trace is kept while the chunk functions live. False
 # traces the step in the body again: for tests and A/B benchmarks.
 SHARE_STEP_TRACE = True
+
+# Under `jax.vmap`, a loop whose carry starts partly unbatched (constants: zero counters,
+# empty buffers) and turns batched after a step is batched by JAX once more for every
+# such turn, the whole body each time. With this switch the chunk's loop over its steps
+# (under `vmap_members`) and a fused train's state (`PPOLearner.make_train`'s `init`)
+# start batched wherever the carry is (`same_batching_as`): the body is batched once.
+# The values are the same (discrete parts exactly, floats to rounding: XLA may fuse the
+# two batchings differently; for the fused PPO of `benchmarks/time_to_solve.py`, at 1 and
+# 8 seeds for CartPole and Pendulum, the optimised HLO was identical). The 8-seed fused
+# Pendulum PPO traced and lowered in 1.22-1.26 s against 1.40-1.51 s in scratch pairs
+# (`benchmarks/compile_parts.py --batched-from-start true|false` measures it).
+BATCHED_FROM_START = True
 # A layout's row store keeps the observation leaves the env only ever fills with small
 # integers in the narrowest integer dtype that holds them exactly (`obs_facts` in
 # `make_chunk_fns`; MinAtar's float32 grids in uint8: a quarter of the bytes). False keeps
@@ -256,6 +268,28 @@ def vmap_members(fn: Callable, state_argnums: tuple[int, ...] = ()) -> Callable:
     return members
 
 
+def same_batching_as(tree: Any, like: Any) -> Any:
+    """`tree` with the same values, batched under `jax.vmap` wherever an integer, bool or
+    key leaf of `like` is batched: each array leaf goes through a select between two
+    copies of itself on a flag computed from those leaves (XLA folds it away). Under
+    `vmap` a value made of constants is unbatched, and a loop whose carry starts
+    unbatched and becomes batched is batched by JAX once more for each such step."""
+    flag = jnp.ones((), jnp.bool_)
+    for leaf in jax.tree.leaves(like):
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        if leaf.size and (jnp.issubdtype(leaf.dtype, jnp.integer) or leaf.dtype == jnp.bool_):
+            first = jnp.ravel(leaf)[0]
+            flag = flag & (first == first)
+
+    def select(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return x
+        return jax.lax.select(jnp.broadcast_to(flag, jnp.shape(x)), x, x)
+
+    return jax.tree.map(select, tree)
+
+
 def _scan_while_members(step: Callable, state: Any, buffers: Any, length: int,
                         keep_going: Callable) -> tuple:
     """`scan_while` inside `vmap_members`: one loop counter `t` for every member (the
@@ -273,7 +307,15 @@ def _scan_while_members(step: Callable, state: Any, buffers: Any, length: int,
                 _write_record(out, record, t))
 
     zero = jnp.zeros((), jnp.int32)
-    loop = (zero, zero, keep_going(zero, state, 1), state, buffers)
+    # Every carried value but the shared counter enters the loop batched (as the carry
+    # is), so JAX batches the loop's body once, not once more per newly batched value.
+    taken = zero
+    if BATCHED_FROM_START:
+        taken, state, buffers = same_batching_as((zero, state, buffers), state)
+    go = keep_going(zero, state, 1)
+    if BATCHED_FROM_START:
+        go = same_batching_as(go, state)
+    loop = (zero, taken, go, state, buffers)
     _, taken, _, state, out = jax.lax.while_loop(
         lambda loop: (loop[0] < length)
         & (jax.lax.pmax(loop[2].astype(jnp.int32), names) > 0), one, loop)
@@ -684,4 +726,4 @@ def finish_chunk(layout: Any, carry: Any, start: Any, lookback: Any, records: An
 
 
 __all__ = ["ChunkFns", "POLICY_MODES", "StepOutcome", "check_policy_mode", "finish_chunk",
-           "make_chunk_fns", "scan_while", "strong_types"]
+           "make_chunk_fns", "same_batching_as", "scan_while", "strong_types"]

@@ -40,6 +40,7 @@ import optax
 from flax import struct
 
 from jaxrunner import lowering
+from jaxrunner.core import chunk as core_chunk
 from jaxrunner.core.carry import Trajectory
 from jaxrunner.core.final_obs import join_stores_across_envs
 from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModule, RLModuleSpec, init_params
@@ -375,7 +376,11 @@ class PPOLearner:
             learner_key, sampler_key = jax.random.split(key)
             learner = self.init_state(learner_key)
             params = acting.params_for_inference(learner.params)
-            return FusedTrainState(learner=learner, sampler=sampler.init(sampler_key, params))
+            state = FusedTrainState(learner=learner, sampler=sampler.init(sampler_key, params))
+            # Batched like the key from the start: vmapped over seeds, the scan over
+            # iterations then batches its body once (see `core.chunk.BATCHED_FROM_START`).
+            return (core_chunk.same_batching_as(state, key)
+                    if core_chunk.BATCHED_FROM_START else state)
 
         def iteration(state: FusedTrainState, _):
             params = acting.params_for_inference(state.learner.params)
