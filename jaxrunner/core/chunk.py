@@ -276,6 +276,8 @@ def same_batching_as(tree: Any, like: Any) -> Any:
     unbatched and becomes batched is batched by JAX once more for each such step."""
     flag = jnp.ones((), jnp.bool_)
     for leaf in jax.tree.leaves(like):
+        if not isinstance(leaf, jax.Array):  # a Python number: a constant, never batched
+            continue
         if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             leaf = jax.random.key_data(leaf)
         if leaf.size and (jnp.issubdtype(leaf.dtype, jnp.integer) or leaf.dtype == jnp.bool_):
