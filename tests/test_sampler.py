@@ -35,6 +35,14 @@ def comparable(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k not in WALL_CLOCK}
 
 
+def same_to_rounding(got: np.ndarray, want: np.ndarray) -> None:
+    """Floats equal to float32 rounding, everything else exactly."""
+    if np.issubdtype(want.dtype, np.floating):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
 # Device callbacks: per episode the max |cart position| and the length.
 def cb_start(view):
     return {"max_x": jnp.zeros((), jnp.float32), "steps": jnp.zeros((), jnp.int32)}
@@ -349,16 +357,10 @@ def test_vmapped_sample__members_that_stop_early_match_their_own_unbatched_calls
     assert valid[:, 1].sum() < valid[:, 0].sum(), valid  # member 1 stopped early
     assert valid[:, 1].sum() > 0
 
-    def same(b, a):
-        if np.issubdtype(a.dtype, np.floating):
-            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
-        else:
-            np.testing.assert_array_equal(b, a)
-
     one = jax.jit(calls)
     for member in range(2):
         alone = host_tree(one(keys[member], jax.tree.map(lambda x: x[member], env_params)))
-        jax.tree.map(same, jax.tree.map(lambda x: x[member], batched), alone)
+        jax.tree.map(same_to_rounding, jax.tree.map(lambda x: x[member], batched), alone)
 
     # One loop for both members: the chunk's while loop tests a () bool, where a loop
     # JAX batched itself would test one per member (and select its whole carry per step).
@@ -399,14 +401,7 @@ def test_nested_vmaps__seeds_by_env_params_match_one_flat_vmap():
     valid = np.stack([traj.valid for traj, _ in flat[1]])  # (call, member, T)
     assert valid[:, 2:].sum() < valid[:, :2].sum(), valid  # members stop at different steps
 
-    def same(n, f):
-        n = n.reshape(f.shape)
-        if np.issubdtype(f.dtype, np.floating):
-            np.testing.assert_allclose(n, f, rtol=1e-5, atol=1e-6)
-        else:
-            np.testing.assert_array_equal(n, f)
-
-    jax.tree.map(same, nested, flat)
+    jax.tree.map(lambda n, f: same_to_rounding(n.reshape(f.shape), f), nested, flat)
 
 
 def test_same_batching_as__keeps_values_and_batches_constants_like_its_reference():
@@ -469,14 +464,7 @@ def test_vmapped_fused_loop__batches_each_loop_body_once(monkeypatch, batched_fr
         assert max(calls.values()) > 1, calls
     monkeypatch.setattr(chunk, "BATCHED_FROM_START", not batched_from_start)
     other = host_tree(jax.jit(jax.vmap(learner.make_train(sampler, 2)))(keys))
-
-    def same(a, b):
-        if np.issubdtype(a.dtype, np.floating):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-        else:
-            np.testing.assert_array_equal(a, b)
-
-    jax.tree.map(same, out, other)
+    jax.tree.map(same_to_rounding, out, other)
 
 
 def test_vmapped_sample_in_a_while_loop__traces_the_vmapped_chunk_once():

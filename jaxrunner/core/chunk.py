@@ -113,8 +113,9 @@ SHARE_STEP_TRACE = True
 # The values are the same (discrete parts exactly, floats to rounding: XLA may fuse the
 # two batchings differently; for the fused PPO of `benchmarks/time_to_solve.py`, at 1 and
 # 8 seeds for CartPole and Pendulum, the optimised HLO was identical). The 8-seed fused
-# Pendulum PPO traced and lowered in 1.22-1.26 s against 1.40-1.51 s in scratch pairs
-# (`benchmarks/compile_parts.py --batched-from-start true|false` measures it).
+# PPO traced and lowered in 1.39 s against 1.63 s (CartPole) and 1.58 s (Pendulum),
+# medians of 3 fresh processes (`benchmarks/compile_parts.py --batched-from-start
+# true|false`, `benchmarks/results/compile_parts/batched_from_start_*`).
 BATCHED_FROM_START = True
 # A layout's row store keeps the observation leaves the env only ever fills with small
 # integers in the narrowest integer dtype that holds them exactly (`obs_facts` in
@@ -271,9 +272,11 @@ def vmap_members(fn: Callable, state_argnums: tuple[int, ...] = ()) -> Callable:
 def same_batching_as(tree: Any, like: Any) -> Any:
     """`tree` with the same values, batched under `jax.vmap` wherever an integer, bool or
     key leaf of `like` is batched: each array leaf goes through a select between two
-    copies of itself on a flag computed from those leaves (XLA folds it away). Under
-    `vmap` a value made of constants is unbatched, and a loop whose carry starts
-    unbatched and becomes batched is batched by JAX once more for each such step."""
+    copies of itself on a flag computed from those leaves. Under `vmap` a value made of
+    constants is unbatched, and a loop whose carry starts unbatched and becomes batched
+    is batched by JAX once more for each such step. XLA simplifies the selects away (the
+    fused PPOs of `benchmarks/time_to_solve.py` compiled to identical optimised
+    programs), though the program batched the other way may still fuse differently."""
     flag = jnp.ones((), jnp.bool_)
     for leaf in jax.tree.leaves(like):
         if not isinstance(leaf, jax.Array):  # a Python number: a constant, never batched
@@ -309,15 +312,12 @@ def _scan_while_members(step: Callable, state: Any, buffers: Any, length: int,
                 _write_record(out, record, t))
 
     zero = jnp.zeros((), jnp.int32)
-    # Every carried value but the shared counter enters the loop batched (as the carry
-    # is), so JAX batches the loop's body once, not once more per newly batched value.
-    taken = zero
+    carried = (zero, keep_going(zero, state, 1), state, buffers)  # taken, go, state, records
     if BATCHED_FROM_START:
-        taken, state, buffers = same_batching_as((zero, state, buffers), state)
-    go = keep_going(zero, state, 1)
-    if BATCHED_FROM_START:
-        go = same_batching_as(go, state)
-    loop = (zero, taken, go, state, buffers)
+        # Every carried value but the shared counter enters the loop batched (as the
+        # carry is), so JAX batches the loop's body once, not once per newly batched value.
+        carried = same_batching_as(carried, state)
+    loop = (zero, *carried)
     _, taken, _, state, out = jax.lax.while_loop(
         lambda loop: (loop[0] < length)
         & (jax.lax.pmax(loop[2].astype(jnp.int32), names) > 0), one, loop)
