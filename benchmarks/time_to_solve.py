@@ -19,6 +19,15 @@ vmapped over them).
 
 Writes `benchmarks/results/time_to_solve.json` and `time_to_solve.png` (return against
 wall time).
+
+    python benchmarks/time_to_solve.py --fused        # fused jaxrunner PPO vs bare, one process
+    python benchmarks/time_to_solve.py --fused-fresh --rounds 3 --seed-blocks 4
+
+`--fused` compiles and runs both sides in one process (its bare side compiles in a process
+the fused side's build has already warmed, and the fused side's build is not timed) and
+also times an iteration of each; `--fused-fresh` runs each side in its own fresh process
+a round, timing what a script pays after its imports (build, trace, compile, then one run
+per block of seeds), and writes `time_to_solve_fused_fresh.json`.
 """
 
 from __future__ import annotations
@@ -668,30 +677,52 @@ def _timed_compile(fn: Callable, *args: Any, unrolled_rng: bool = False
     return compiled, time.perf_counter() - start
 
 
-def solve_programs(env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
-                   fused_lowering: str = "auto") -> dict[str, tuple[Any, Callable, Any, bool]]:
-    """`{"bare": ..., "fused": ...}`, each `(train, fn, arg, unrolled_rng)`: the train
+def seed_keys(num_seeds: int, first_seed: int = 0) -> Any:
+    """The solve programs' key argument: `jax.random.key(first_seed)` for one seed, else
+    the `(num_seeds,)` keys of seeds `first_seed, first_seed + 1, ...`."""
+    import jax
+    import numpy as np
+
+    keys = jax.vmap(jax.random.key)(np.arange(first_seed, first_seed + num_seeds))
+    return keys[0] if num_seeds == 1 else keys
+
+
+def solve_program(side: str, env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
+                  fused_lowering: str = "auto") -> tuple[Callable, Callable, bool]:
+    """`(train, fn, unrolled_rng)` of one side ("bare" or "fused"): its train
     (`make_bare_train` / `make_fused_train`), its solve-until-target program over
-    `num_seeds` seeds (vmapped for more than one), the program's key argument, and
+    `num_seeds` seeds (vmapped for more than one; the argument is `seed_keys`), and
     whether it compiles with the unrolled Threefry lowering. The bare PPO compiles as a
     hand-written `jax.jit` does (JAX's lowering); the fused one as `PPOLearner.fused_train`
     compiles it (`fused_lowering="auto"`): the unrolled lowering for several seeds of few
     sub-envs, JAX's for one seed (`jaxrunner.lowering.unroll_for_training`)."""
     import jax
-    import numpy as np
 
     from jaxrunner import lowering
 
-    keys = jax.vmap(jax.random.key)(np.arange(num_seeds))
-    bare = make_bare_train(env_id, hp, max_updates=max_updates)
-    fused = make_fused_train(env_id, hp, max_updates=max_updates)
-    trains = {"bare": bare, "fused": fused}
-    solve = {"bare": lambda k: bare(k, 0), "fused": fused}
-    unrolled = {"bare": False, "fused": lowering.choose_unrolled(
-        fused_lowering, lowering.unroll_for_training(hp.num_envs, num_seeds))}
-    return {name: (trains[name], fn if num_seeds == 1 else jax.vmap(fn),
-                   keys[0] if num_seeds == 1 else keys, unrolled[name])
-            for name, fn in solve.items()}
+    if side == "bare":
+        train = make_bare_train(env_id, hp, max_updates=max_updates)
+        fn, unrolled = (lambda k: train(k, 0)), False
+    elif side == "fused":
+        train = fn = make_fused_train(env_id, hp, max_updates=max_updates)
+        unrolled = lowering.choose_unrolled(
+            fused_lowering, lowering.unroll_for_training(hp.num_envs, num_seeds))
+    else:
+        raise ValueError(f"side must be 'bare' or 'fused', got {side!r}")
+    return train, (fn if num_seeds == 1 else jax.vmap(fn)), unrolled
+
+
+def solve_programs(env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
+                   fused_lowering: str = "auto") -> dict[str, tuple[Any, Callable, Any, bool]]:
+    """`{"bare": ..., "fused": ...}`, each `(train, fn, arg, unrolled_rng)`: `solve_program`
+    of each side (the bare one built first) with the key argument of seeds
+    `0 .. num_seeds - 1`."""
+    programs = {side: solve_program(side, env_id, num_seeds, hp, max_updates=max_updates,
+                                    fused_lowering=fused_lowering)
+                for side in ("bare", "fused")}
+    keys = seed_keys(num_seeds)
+    return {side: (train, fn, keys, unrolled)
+            for side, (train, fn, unrolled) in programs.items()}
 
 
 def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
@@ -782,6 +813,118 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
     return out
 
 
+def fresh_solve(side: str, env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
+                seed_blocks: int, fused_lowering: str = "auto") -> dict:
+    """One side's time to solve as a fresh process pays it: the clock starts after the
+    imports, then the side's solve program is built (`solve_program`: the fused side
+    builds its sampler and learner here), traced, compiled once and run on `seed_blocks`
+    blocks of `num_seeds` seeds (block `k`: seeds `k * num_seeds ...`), each to the
+    target or `max_updates`. Returns the seconds of each part and each block's updates."""
+    import jax
+    import numpy as np
+
+    from jaxrunner import lowering
+
+    start = time.perf_counter()
+    _, fn, unrolled = solve_program(side, env_id, num_seeds, hp, max_updates=max_updates,
+                                    fused_lowering=fused_lowering)
+    built = time.perf_counter()
+    compiled = lowering.jit(fn, unrolled=unrolled).lower(seed_keys(num_seeds)).compile()
+    compiled_at = time.perf_counter()
+    run_s, updates, returns = [], [], []
+    for block in range(seed_blocks):
+        keys = seed_keys(num_seeds, block * num_seeds)
+        block_start = time.perf_counter()
+        block_updates, mean = jax.block_until_ready(compiled(keys))
+        run_s.append(time.perf_counter() - block_start)
+        updates.append(np.atleast_1d(np.asarray(block_updates)).tolist())
+        returns.append(np.atleast_1d(np.asarray(mean)).tolist())
+    return {"side": side, "env": env_id, "num_seeds": num_seeds, "unrolled_rng": unrolled,
+            "build_s": built - start, "compile_s": compiled_at - built,
+            "startup_s": compiled_at - start, "run_s": run_s, "updates": updates,
+            "final_mean_return": returns,
+            "all_solved": bool(np.all(np.asarray(returns) >= hp.target))}
+
+
+def _spawn_fresh_solve(side: str, env_id: str, num_seeds: int, *, max_updates: int,
+                       seed_blocks: int, fused_lowering: str) -> dict:
+    """`fresh_solve` in a new Python process; its result."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--_fresh_child", side, "--env", env_id,
+           "--num-seeds", str(num_seeds), "--max-updates", str(max_updates),
+           "--seed-blocks", str(seed_blocks), "--fused-lowering", fused_lowering]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
+                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"the fresh {side} process for {env_id} ({num_seeds} seeds) gave no "
+                       f"result (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def summarize_fresh(rounds: list[dict[str, dict]]) -> dict:
+    """Ratios (fused over bare) of `fresh_solve` rounds, `rounds[i] = {"bare": ...,
+    "fused": ...}`, each the median over rounds of that round's ratio:
+
+    - `time_to_solve_first_block`: startup + the first block's run (seeds `0 .. n - 1`,
+      what `--fused` reports);
+    - `expected_time_to_solve`: startup + the mean run over the blocks (compile included);
+    - `expected_run`: the mean run over the blocks (compile excluded);
+    - `startup`: build + trace + compile.
+
+    Which seeds need how many updates is luck of their RNG streams (both sides run the same
+    algorithm); the mean over blocks of seeds takes most of that luck out."""
+    def ratio(key: Callable[[dict], float]) -> float:
+        return statistics.median(key(r["fused"]) / key(r["bare"]) for r in rounds)
+
+    def mean_run(side: dict) -> float:
+        return statistics.fmean(side["run_s"])
+
+    def updates_to_solve(side: str) -> list[int]:  # per block, its slowest seed
+        return [max(block) for block in rounds[0][side]["updates"]]
+
+    return {
+        "time_to_solve_first_block": ratio(lambda s: s["startup_s"] + s["run_s"][0]),
+        "expected_time_to_solve": ratio(lambda s: s["startup_s"] + mean_run(s)),
+        "expected_run": ratio(mean_run),
+        "startup": ratio(lambda s: s["startup_s"]),
+        "slowest_seed_updates_per_block": {side: updates_to_solve(side)
+                                           for side in ("bare", "fused")},
+        "mean_updates_per_seed": {
+            side: statistics.fmean(u for block in rounds[0][side]["updates"] for u in block)
+            for side in ("bare", "fused")},
+        "median_startup_s": {side: statistics.median(r[side]["startup_s"] for r in rounds)
+                             for side in ("bare", "fused")},
+        "median_compile_s": {side: statistics.median(r[side]["compile_s"] for r in rounds)
+                             for side in ("bare", "fused")},
+        "median_mean_run_s": {side: statistics.median(mean_run(r[side]) for r in rounds)
+                              for side in ("bare", "fused")},
+    }
+
+
+def run_fresh_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
+                         rounds: int, seed_blocks: int, fused_lowering: str = "auto") -> dict:
+    """`rounds` rounds of `fresh_solve` for each side, each in its own fresh process, the
+    order alternating round by round; the rounds and `summarize_fresh` of them."""
+    runs = []
+    for index in range(rounds):
+        sides = ("bare", "fused") if index % 2 == 0 else ("fused", "bare")
+        runs.append({side: _spawn_fresh_solve(side, env_id, num_seeds,
+                                              max_updates=max_updates,
+                                              seed_blocks=seed_blocks,
+                                              fused_lowering=fused_lowering)
+                     for side in sides})
+        print(f"{env_id} seeds={num_seeds} round {index}: " + ", ".join(
+            f"{side} startup {r['startup_s']:.2f}s mean run "
+            f"{statistics.fmean(r['run_s']):.2f}s" for side, r in runs[-1].items()),
+            flush=True)
+    deterministic = all(r[side]["updates"] == runs[0][side]["updates"]
+                        for r in runs for side in ("bare", "fused"))
+    return {"env": env_id, "num_seeds": num_seeds, "seed_blocks": seed_blocks,
+            "max_updates": max_updates, "rounds": runs,
+            "same_updates_every_round": deterministic,
+            "ratio_fused_over_bare": summarize_fresh(runs)}
+
+
 def run_sampler_throughput(env_id: str, num_envs: int, num_steps: int, rounds: int,
                            num_seeds: int = 1) -> dict:
     """Single-chunk env steps/s: the pure sampler's jitted `sample()` against the bare
@@ -861,6 +1004,64 @@ def main_fused(args: argparse.Namespace) -> None:
                 fused_lowering=args.fused_lowering))
             save()
     print(f"wrote {json_path}")
+
+
+def main_fused_fresh(args: argparse.Namespace) -> None:
+    """`--fused-fresh`: writes benchmarks/results/time_to_solve_fused_fresh.json."""
+    import jax
+
+    results: dict[str, Any] = {
+        "benchmark": "time_to_solve_fused_fresh",
+        "note": "fused jaxrunner PPO (jaxrunner.make_sampler + PPOLearner.make_train in one "
+                "jax.jit) vs the bare PureJaxRL-style PPO, each side in its own fresh "
+                "process a round (order alternating); the clock starts after the imports "
+                "(the same modules on both sides) and covers building the program, tracing, "
+                "compiling it once and running it on seed_blocks blocks of num_seeds seeds",
+        "commit": _commit(),
+        "machine": {"jax": jax.__version__, "cpu_count": os.cpu_count(),
+                    "platform": platform.platform(), "python": platform.python_version()},
+        "load_avg_1min_start": round(os.getloadavg()[0], 2), "runs": []}
+    json_path = os.path.join(args.output_dir, "time_to_solve_fused_fresh.json")
+    for env_id in args.envs:
+        hp = HYPER[env_id]
+        max_updates = min(args.max_updates, math.ceil(hp.max_env_steps / hp.batch_size))
+        for num_seeds in args.fused_seeds:
+            run = run_fresh_comparison(env_id, num_seeds, hp, max_updates=max_updates,
+                                       rounds=args.rounds, seed_blocks=args.seed_blocks,
+                                       fused_lowering=args.fused_lowering)
+            results["runs"].append(run)
+            print(json.dumps({"env": env_id, "num_seeds": num_seeds,
+                              **run["ratio_fused_over_bare"]}), flush=True)
+            results["load_avg_1min_end"] = round(os.getloadavg()[0], 2)
+            with open(json_path, "w") as f:
+                json.dump(results, f, indent=1)
+    print(f"wrote {json_path}")
+
+
+def _fresh_child(args: argparse.Namespace) -> None:
+    """`--_fresh_child SIDE`: `fresh_solve` in this process, printed as one RESULT line.
+    Every module either side uses is imported before its clock starts."""
+    import flax.linen  # noqa: F401
+    import gymnax  # noqa: F401
+    import jax  # noqa: F401
+    import optax  # noqa: F401
+
+    import jaxrunner  # noqa: F401
+    import jaxrunner.learners  # noqa: F401
+
+    out = fresh_solve(args.fresh_child, args.env, args.num_seeds, HYPER[args.env],
+                      max_updates=args.max_updates, seed_blocks=args.seed_blocks,
+                      fused_lowering=args.fused_lowering)
+    print("RESULT " + json.dumps(out))
+
+
+def _commit() -> str | None:
+    """The repository's HEAD commit, or None outside a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 # ====================================================================== driver
@@ -979,6 +1180,15 @@ def main() -> None:
     parser.add_argument("--num-seeds", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--fused", action="store_true",
                         help="fused jaxrunner PPO vs bare (time_to_solve_fused.json)")
+    parser.add_argument("--fused-fresh", action="store_true",
+                        help="fused jaxrunner PPO vs bare, each side in fresh processes, "
+                             "build + compile + runs on --seed-blocks blocks of seeds "
+                             "(time_to_solve_fused_fresh.json)")
+    parser.add_argument("--_fresh_child", dest="fresh_child", default=None,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--seed-blocks", type=int, default=4,
+                        help="with --fused-fresh: blocks of --fused-seeds seeds each side "
+                             "runs after its one compile")
     parser.add_argument("--fused-seeds", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--fused-lowering", choices=("auto", "unrolled", "jax"),
                         default="auto",
@@ -996,9 +1206,14 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.throughput_seeds) < 1:
         parser.error(f"--throughput-seeds must be at least 1, got {args.throughput_seeds}")
-    if args.fused:
+    if args.seed_blocks < 1:
+        parser.error(f"--seed-blocks must be at least 1, got {args.seed_blocks}")
+    if args.fresh_child:
+        _fresh_child(args)
+        return
+    if args.fused or args.fused_fresh:
         os.makedirs(args.output_dir, exist_ok=True)
-        main_fused(args)
+        (main_fused_fresh if args.fused_fresh else main_fused)(args)
         return
     if args.child:
         args.method = args.child

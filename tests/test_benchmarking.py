@@ -387,3 +387,56 @@ def test_kernel_forms__the_two_forms_of_each_pair_compute_the_same_values(pair, 
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
             cases += 1
     assert cases >= 3
+
+
+def test_time_to_solve_fresh__ratios_of_startup_and_mean_run_per_round():
+    """`summarize_fresh`: each ratio is the median over rounds of that round's
+    fused-over-bare ratio; the expected time to solve charges each side its startup and
+    its mean run over the blocks of seeds (made-up seconds, no timing involved)."""
+    from benchmarks.time_to_solve import summarize_fresh
+
+    def side(startup, runs, updates):
+        return {"startup_s": startup, "compile_s": startup - 0.5, "run_s": runs,
+                "updates": updates}
+
+    rounds = [{"bare": side(4.0, [1.0, 3.0], [[10, 12], [30, 20]]),
+               "fused": side(5.0, [2.0, 1.0], [[11, 9], [15, 14]])},
+              {"bare": side(4.0, [1.0, 3.0], [[10, 12], [30, 20]]),
+               "fused": side(6.0, [2.0, 1.0], [[11, 9], [15, 14]])},
+              {"bare": side(6.0, [1.0, 3.0], [[10, 12], [30, 20]]),
+               "fused": side(6.0, [2.0, 1.0], [[11, 9], [15, 14]])}]
+    out = summarize_fresh(rounds)
+    assert out["startup"] == pytest.approx(1.25)  # median of 1.25, 1.5, 1.0
+    assert out["time_to_solve_first_block"] == pytest.approx(7.0 / 5.0)  # 7/5, 8/5, 8/7
+    assert out["expected_time_to_solve"] == pytest.approx(6.5 / 6.0)  # 6.5/6, 7.5/6, 7.5/8
+    assert out["expected_run"] == pytest.approx(0.75)
+    assert out["slowest_seed_updates_per_block"] == {"bare": [12, 30], "fused": [11, 15]}
+    assert out["mean_updates_per_seed"] == {"bare": 18.0, "fused": 12.25}
+    assert out["median_startup_s"] == {"bare": 4.0, "fused": 6.0}
+
+
+def test_time_to_solve_fresh__each_side_in_its_own_process_runs_every_block(tmp_path):
+    """`time_to_solve.py --fused-fresh` with one round of two blocks of one seed, one
+    update each: both sides ran in fresh processes, each block is recorded, the fused
+    side's build is timed apart from its compile."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "time_to_solve.py"),
+                    "--fused-fresh", "--envs", "CartPole-v1", "--fused-seeds", "1",
+                    "--rounds", "1", "--seed-blocks", "2", "--max-updates", "1",
+                    "--output-dir", str(tmp_path)], check=True, timeout=600,
+                   capture_output=True)
+    result = json.loads((tmp_path / "time_to_solve_fused_fresh.json").read_text())
+    (run,) = result["runs"]
+    assert run["num_seeds"] == 1 and run["seed_blocks"] == 2
+    (round_,) = run["rounds"]
+    for side in ("bare", "fused"):
+        r = round_[side]
+        assert r["side"] == side and len(r["run_s"]) == 2 and r["updates"] == [[1], [1]]
+        assert 0 < r["build_s"] < r["startup_s"] and r["compile_s"] > 0
+    assert run["same_updates_every_round"]
+    assert run["ratio_fused_over_bare"]["expected_time_to_solve"] > 0

@@ -21,7 +21,7 @@ import pytest
 import jaxrunner
 from jaxrunner.metrics import reduce_sample_metrics
 
-from conftest import all_eqns, host_tree, make_config
+from conftest import all_eqns, assert_trees_equal, host_tree, make_config
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -578,3 +578,24 @@ def test_runner_first_sample__traces_the_env_step_once_in_the_chunk(monkeypatch)
     runner.sample()
     runner.sample()
     assert len(traces) == 1, traces
+
+
+def test_multi_agent_sampler__builds_its_params_on_first_read(compile_counter):
+    """A multi-agent runner's module params are built on their first read, as a
+    single-agent one's (tests/test_ppo_fused.py): its sampler builds without compiling
+    the modules' init, and the params read later are those of a runner read at once."""
+    def config():
+        return (jaxrunner.RunnerConfig().environment("TicTacToe-v0")
+                .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=4)
+                .rl_module(model_config={"fcnet_hiddens": [8]})
+                .multi_agent(policies={"main", "opponent"},
+                             policy_mapping_fn=lambda agent, episode: (
+                                 "main" if agent == "player_x" else "opponent"))
+                .debugging(seed=5))
+
+    sampler = jaxrunner.make_sampler(config())
+    assert not [m for m in compile_counter.messages if m.startswith("Compiling jit(init)")]
+    runner = jaxrunner.MultiAgentEnvRunner(config=config())
+    early = runner.get_state(components="rl_module")["rl_module"]
+    assert_trees_equal(sampler.params, early, "multi-agent params")
+    runner.stop()

@@ -189,14 +189,34 @@ class PPOLearner:
             optax.clip_by_global_norm(config.max_grad_norm),
             optax.adam(config.learning_rate, eps=1e-5),
         )
-        # Eager on purpose: a runner built first has already compiled the same small init
-        # ops (same layer shapes), so this mostly reuses them; a jitted init would compile
-        # the orthogonal initialisers all over again (seconds on a CPU).
-        self.state = self.init_state(jax.random.key(config.seed), params)
+        # The state is built on its first read (`state`): a fused train (`make_train`,
+        # `fused_train`) initialises its own inside its program and never reads this one,
+        # and building it compiles the module's init (about 1 s for a 64x64 MLP on a
+        # 2-core CPU). Its shapes are traced now, so a module that cannot initialise
+        # fails here, at construction.
+        self._state: LearnerState | None = None
+        self._initial = (jax.random.key(config.seed), params)
+        try:
+            jax.eval_shape(self.init_state, *self._initial)
+        except jax.errors.JAXTypeError:  # an init that needs concrete values: build it now
+            self._state = self.init_state(*self._initial)
         self.weights_seq_no = 0
         self.iteration = 0  # `train()` iterations done so far, over all calls
         self.history: list[dict] = []  # every `train()` row, over all calls
         self._update = jax.jit(self.update_fn)
+
+    @property
+    def state(self) -> LearnerState:
+        """The learner's `LearnerState` (params, optimizer state, shuffling key): the one
+        `config.seed` (or the `params` given) makes, built on first read, then each
+        update's."""
+        if self._state is None:
+            self._state = self.init_state(*self._initial)
+        return self._state
+
+    @state.setter
+    def state(self, value: LearnerState) -> None:
+        self._state = value
 
     def init_state(self, key: jax.Array, params: Any = None) -> LearnerState:
         """A fresh `LearnerState` (pure: `jax.vmap` it over keys for a population)."""

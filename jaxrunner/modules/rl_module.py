@@ -122,6 +122,16 @@ def init_params(module: Any, key: jax.Array) -> Any:
         return module.init(key)
 
 
+def params_shape(module: Any, key: jax.Array) -> Any:
+    """The `jax.ShapeDtypeStruct` tree of `init_params(module, key)`, traced: nothing runs
+    or compiles. None when the module's `init` needs concrete values (`init_params` runs
+    such a module eagerly, which no trace can)."""
+    try:
+        return jax.eval_shape(lambda k: init_params(module, k), key)
+    except jax.errors.JAXTypeError:
+        return None
+
+
 def preprocess_observations(obs: jax.Array, space: gym.spaces.Space) -> jax.Array:
     """(B, *obs_shape) -> (B, F) float32: one-hot for Discrete, flatten for Box."""
     if isinstance(space, gym.spaces.Discrete):

@@ -38,6 +38,7 @@ from jaxrunner.core.faults import FAILURE_INFO_KEY
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.errors import SampleArgumentError, StateStructureError
 from jaxrunner.metrics.custom import DeviceMetrics
+from jaxrunner.modules.rl_module import init_params, params_shape
 from jaxrunner.runners.env_runner import EnvRunner
 from jaxrunner.runners.sharding import make_env_mesh, replicate, shard_carry
 from jaxrunner.structure import check_finite_tree, check_same_structure
@@ -210,6 +211,43 @@ class CompiledEnvRunner(EnvRunner):
         self.make_module()
         self._bind_callbacks()
 
+    # ------------------------------------------------------------------ params
+    @property
+    def _params(self) -> Any:
+        """The inference module's params. A new module's are built on first read
+        (`_params_on_first_read`): a runner whose sampler only runs inside a fused train
+        (`jaxrunner.make_sampler`, `PPOLearner.make_train`) never compiles their init."""
+        if self._params_pending is not None:
+            init, _ = self._params_pending
+            self._params_pending = None
+            self._params_value = init()
+        return self._params_value
+
+    @_params.setter
+    def _params(self, value: Any) -> None:
+        self._params_pending = None
+        self._params_value = value
+
+    def _params_on_first_read(self, module: Any, key: jax.Array) -> Any:
+        """Makes `init_params(module, key)` the params, built on their first read, and
+        returns their `jax.ShapeDtypeStruct` tree (traced; it stands in for them in
+        traces until then). A module whose init needs concrete values is initialised
+        now, and its params are returned."""
+        shapes = params_shape(module, key)
+        if shapes is None:
+            self._params = jax.device_put(init_params(module, key))
+            return self._params
+        self._params_pending = (lambda: jax.device_put(init_params(module, key)), shapes)
+        self._params_value = None
+        return shapes
+
+    def _params_like(self) -> Any:
+        """The params, or their `jax.ShapeDtypeStruct`s while not built: for `eval_shape`
+        and other traces that only need their shapes (reading them does not build them)."""
+        if self._params_pending is not None:
+            return self._params_pending[1]
+        return self._params_value
+
     # ------------------------------------------------------------------ callbacks
     def _env_created(self) -> None:
         """Calls the host `on_environment_created` callback for the env just built."""
@@ -227,9 +265,9 @@ class CompiledEnvRunner(EnvRunner):
                 "Use a host callback instead: on_episode_end=jaxrunner.on_host(fn) or "
                 "on_sample_end.")
         fns = self.sampler.chunk_fns("explore")  # the sampler's: callbacks traced once
-        carry = jax.eval_shape(fns.init_carry, jax.random.key(0), self._params,
+        carry = jax.eval_shape(fns.init_carry, jax.random.key(0), self._params_like(),
                                self.env_params)
-        names = fns.bound_callbacks(carry, self._params, self.env_params).names
+        names = fns.bound_callbacks(carry, self._params_like(), self.env_params).names
         cfg = self.config
         if self._device_metrics is None or self._device_metrics.names != names:
             self._device_metrics = DeviceMetrics(names, self._device_callbacks.custom_metrics,

@@ -33,7 +33,7 @@ from jaxrunner.episodes.multi_agent_episode import MultiAgentEpisodeBatch
 from jaxrunner.errors import StateStructureError
 from jaxrunner.metrics.multi_agent import MultiAgentRunnerMetrics
 from jaxrunner.modules.multi_rl_module import MultiRLModule
-from jaxrunner.modules.rl_module import RLModuleSpec, init_params
+from jaxrunner.modules.rl_module import RLModuleSpec
 from jaxrunner.runners.compiled_runner import (COMPONENT_ENV_TO_MODULE_CONNECTOR,
                                                COMPONENT_MODULE_TO_ENV_CONNECTOR, STATE_HINT,
                                                CompiledEnvRunner, check_module_fits)
@@ -399,14 +399,14 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
                 model_config={**cfg.model_config_with_defaults, **(spec.model_config or {})},
                 inference_only=True).build()
         module = MultiRLModule(modules, policies_to_train=cfg.policies_to_train)
-        params = init_params(module, jax.random.fold_in(self._base_key, 1))
+        key = jax.random.fold_in(self._base_key, 1)
+        shapes = self._params_on_first_read(module, key)
         if mapping is not None:
-            self._check_modules_fit(module, params, mapping, obs_spaces)
+            self._check_modules_fit(module, shapes, mapping, obs_spaces)
         self.module = module
         self._mapping = mapping
         self.env_to_module, self.module_to_env = pipelines
         self.module_observation_spaces = obs_spaces
-        self._params = jax.device_put(params)
         if (self._metrics is None or self._metrics.agent_ids != self._agent_ids
                 or self._metrics.module_ids != module_ids):
             self._metrics = MultiAgentRunnerMetrics(self.num_envs, self._agent_ids, module_ids)

@@ -27,7 +27,7 @@ from jaxrunner.envs.spaces import action_dtype, batched_space, to_gymnasium
 from jaxrunner.episodes.batch import EpisodeBatch
 from jaxrunner.errors import StateStructureError
 from jaxrunner.metrics.logger import RunnerMetrics
-from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModuleSpec, init_params
+from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModuleSpec
 from jaxrunner.runners.compiled_runner import (COMPONENT_CARRY,
                                                COMPONENT_ENV_TO_MODULE_CONNECTOR,
                                                COMPONENT_MODULE_TO_ENV_CONNECTOR,
@@ -207,10 +207,10 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
             inference_only=True,
         )
         module = spec.build()
-        params = init_params(module, jax.random.fold_in(self._base_key, 1))
-        self._check_module_fits(module, params, obs_space, act_space)
+        key = jax.random.fold_in(self._base_key, 1)
+        shapes = self._params_on_first_read(module, key)
+        self._check_module_fits(module, shapes, obs_space, act_space)
         self.module = module
-        self._params = jax.device_put(params)
         self._compiled = {}
         self._carry = None
         self._needs_reset = True
@@ -322,10 +322,10 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
                 f"set_state: rl_module weights do not fit {type(self.module).__name__} "
                 f"({type(error).__name__}: {error})."
             ) from error
-        check_same_structure(self._params, weights, "set_state: the rl_module weights",
+        current = self._params_like()  # weights replacing unbuilt params never build them
+        check_same_structure(current, weights, "set_state: the rl_module weights",
                              hint=STATE_HINT)
-        return jax.tree.map(lambda old, new: jnp.asarray(new, old.dtype), self._params,
-                            weights)
+        return jax.tree.map(lambda old, new: jnp.asarray(new, old.dtype), current, weights)
 
     def _carry_capturable(self) -> None:
         if self._host is not None:
