@@ -284,3 +284,21 @@ def test_update__joins_batches_of_several_runners_along_the_sub_env_axis(runner_
                                   np.concatenate(expected, axis=1))
     stats = jax.device_get(learner.update([first, second]))
     assert all(np.isfinite(float(v)) for v in stats.values())
+
+
+def test_train__the_runner_never_builds_params_the_learner_replaces(compile_counter):
+    """`train(runner, ...)` pushes the learner's weights before its first sample, so the
+    runner's own initial params (built on first read) are never built: one module init
+    compiles (the learner's), not two."""
+    config = (jaxrunner.RunnerConfig().environment("CartPole-v1")
+              .env_runners(num_envs_per_env_runner=4, rollout_fragment_length=8)
+              .rl_module(model_config={"fcnet_hiddens": [8]}))
+    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    learner = PPOLearner.from_runner(runner, PPOConfig(num_epochs=1, num_minibatches=1))
+    learner.train(runner, num_iterations=1, verbose=False)
+    inits = [m for m in compile_counter.messages if m.startswith("Compiling jit(init)")]
+    assert len(inits) == 1, inits
+    jax.tree.map(np.testing.assert_array_equal,
+                 jax.device_get(runner.get_state(components="rl_module")["rl_module"]),
+                 jax.device_get(runner.module.params_for_inference(learner.params)))
+    runner.stop()
