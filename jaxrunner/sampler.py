@@ -587,9 +587,13 @@ def _num_custom(carry: Any) -> int:
 
 def make_sampler(config: Any, **runner_kwargs: Any) -> Sampler:
     """The `Sampler` of the runner `config` builds (`jaxrunner.runner_class_for(config)`:
-    single- or multi-agent), with that runner's env, module, connectors and seed."""
+    single- or multi-agent), with that runner's env, module, connectors and seed. The
+    runner builds its module's params on their first read (`sampler.params`, its own
+    `sample()`): a fused train initialises params of its own and never compiles the
+    runner's init (pass `params_on_first_read=False` to build them at once)."""
     from jaxrunner.runners.selection import runner_class_for
 
+    runner_kwargs.setdefault("params_on_first_read", True)
     runner = runner_class_for(config)(config=config, **runner_kwargs)
     return runner.sampler
 

@@ -288,12 +288,12 @@ def test_update__joins_batches_of_several_runners_along_the_sub_env_axis(runner_
 
 def test_train__the_runner_never_builds_params_the_learner_replaces(compile_counter):
     """`train(runner, ...)` pushes the learner's weights before its first sample, so the
-    runner's own initial params (built on first read) are never built: one module init
-    compiles (the learner's), not two."""
+    initial params of a runner built with `params_on_first_read=True` are never built:
+    one module init compiles (the learner's), not two."""
     config = (jaxrunner.RunnerConfig().environment("CartPole-v1")
               .env_runners(num_envs_per_env_runner=4, rollout_fragment_length=8)
               .rl_module(model_config={"fcnet_hiddens": [8]}))
-    runner = jaxrunner.SingleAgentEnvRunner(config=config)
+    runner = jaxrunner.SingleAgentEnvRunner(config=config, params_on_first_read=True)
     learner = PPOLearner.from_runner(runner, PPOConfig(num_epochs=1, num_minibatches=1))
     learner.train(runner, num_iterations=1, verbose=False)
     inits = [m for m in compile_counter.messages if m.startswith("Compiling jit(init)")]

@@ -133,6 +133,15 @@ def test_fused_train_build__compiles_neither_module_init_until_their_params_are_
     early_sampler, early_learner = build()
     early = host_tree((early_learner.state, early_sampler.params))
     jax.tree.map(np.testing.assert_array_equal, late, early)
+    # A runner built directly builds its params at construction (its first `sample()`
+    # does not pay for them), with the same values.
+    compile_counter.reset()
+    runner = jaxrunner.SingleAgentEnvRunner(config=make_config(num_envs=2, fragment=8, seed=4))
+    assert len([m for m in compile_counter.messages
+                if m.startswith("Compiling jit(init)")]) == 1
+    jax.tree.map(np.testing.assert_array_equal, host_tree(runner._params_value),
+                 late[1])
+    runner.stop()
 
 
 def test_learner__a_module_that_cannot_initialise_fails_at_construction():

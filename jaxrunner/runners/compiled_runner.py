@@ -169,9 +169,14 @@ class CompiledEnvRunner(EnvRunner):
     _id_salt = ""  # keeps single- and multi-agent episode ids of one seed apart
 
     def __init__(self, *, config: RunnerConfig, worker_index: int | None = None,
-                 num_workers: int | None = None, spaces: dict | None = None, **kwargs: Any):
+                 num_workers: int | None = None, spaces: dict | None = None,
+                 params_on_first_read: bool = False, **kwargs: Any):
         super().__init__(config=config, worker_index=worker_index, num_workers=num_workers,
                          **kwargs)
+        # False: the module's params are built (their init compiled) here, at construction;
+        # True (what `jaxrunner.make_sampler` passes): on their first read, so a sampler
+        # that only runs inside a fused train, with params of its own, never builds them.
+        self._lazy_params = bool(params_on_first_read)
         cfg = self.config
         if cfg.seed is None:
             self._seed = None
@@ -214,9 +219,10 @@ class CompiledEnvRunner(EnvRunner):
     # ------------------------------------------------------------------ params
     @property
     def _params(self) -> Any:
-        """The inference module's params. A new module's are built on first read
-        (`_params_on_first_read`): a runner whose sampler only runs inside a fused train
-        (`jaxrunner.make_sampler`, `PPOLearner.make_train`) never compiles their init."""
+        """The inference module's params. With `params_on_first_read`, a new module's
+        are built here on their first read (`_set_initial_params`): a sampler that only
+        runs inside a fused train (`jaxrunner.make_sampler`, `PPOLearner.make_train`)
+        never compiles their init."""
         if self._params_pending is not None:
             init, _ = self._params_pending
             self._params_pending = None
@@ -228,12 +234,13 @@ class CompiledEnvRunner(EnvRunner):
         self._params_pending = None
         self._params_value = value
 
-    def _params_on_first_read(self, module: Any, key: jax.Array) -> Any:
-        """Makes `init_params(module, key)` the params, built on their first read, and
-        returns their `jax.ShapeDtypeStruct` tree (traced; it stands in for them in
-        traces until then). A module whose init needs concrete values is initialised
-        now, and its params are returned."""
-        shapes = params_shape(module, key)
+    def _set_initial_params(self, module: Any, key: jax.Array) -> Any:
+        """Makes `init_params(module, key)` the params and returns what stands for them
+        until they are built: the params themselves, built now; or, with
+        `params_on_first_read`, their `jax.ShapeDtypeStruct` tree (traced), the params
+        being built on their first read. A module whose init needs concrete values is
+        initialised now either way."""
+        shapes = params_shape(module, key) if self._lazy_params else None
         if shapes is None:
             self._params = jax.device_put(init_params(module, key))
             return self._params
@@ -405,12 +412,15 @@ class CompiledEnvRunner(EnvRunner):
                 or "chunk_compiled" in fns or jax.config.jax_disable_jit):
             return
         init_fns = self._fns("explore")
-        key, params, env_params = self._carry_start_key(), self._params, self.env_params
+        key, env_params = self._carry_start_key(), self.env_params
+        params = self._params_like()  # shapes, while the module's params are not built
         result: dict[str, Any] = {}
 
         def init() -> None:
             try:
-                result["carry"] = init_fns["init_carry"](key, params, env_params)
+                # The params, built here (their init compiled) if not yet: beside the
+                # chunk's trace and compile too.
+                result["carry"] = init_fns["init_carry"](key, self._params, env_params)
                 _add_steps(np.int32(0), np.int32(0))  # the chunks' offset step, compiled
             except BaseException as error:  # re-raised in the calling thread
                 result["error"] = error

@@ -400,7 +400,7 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
                 inference_only=True).build()
         module = MultiRLModule(modules, policies_to_train=cfg.policies_to_train)
         key = jax.random.fold_in(self._base_key, 1)
-        shapes = self._params_on_first_read(module, key)
+        shapes = self._set_initial_params(module, key)
         if mapping is not None:
             self._check_modules_fit(module, shapes, mapping, obs_spaces)
         self.module = module

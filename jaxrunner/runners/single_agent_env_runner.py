@@ -208,7 +208,7 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
         )
         module = spec.build()
         key = jax.random.fold_in(self._base_key, 1)
-        shapes = self._params_on_first_read(module, key)
+        shapes = self._set_initial_params(module, key)
         self._check_module_fits(module, shapes, obs_space, act_space)
         self.module = module
         self._compiled = {}
