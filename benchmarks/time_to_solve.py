@@ -1008,18 +1008,15 @@ def main_fused(args: argparse.Namespace) -> None:
 
 def main_fused_fresh(args: argparse.Namespace) -> None:
     """`--fused-fresh`: writes benchmarks/results/time_to_solve_fused_fresh.json."""
-    import jax
+    from benchmarks.same_process_ab import run_header
 
     results: dict[str, Any] = {
-        "benchmark": "time_to_solve_fused_fresh",
+        **run_header("time_to_solve_fused_fresh"),
         "note": "fused jaxrunner PPO (jaxrunner.make_sampler + PPOLearner.make_train in one "
                 "jax.jit) vs the bare PureJaxRL-style PPO, each side in its own fresh "
                 "process a round (order alternating); the clock starts after the imports "
                 "(the same modules on both sides) and covers building the program, tracing, "
                 "compiling it once and running it on seed_blocks blocks of num_seeds seeds",
-        "commit": _commit(),
-        "machine": {"jax": jax.__version__, "cpu_count": os.cpu_count(),
-                    "platform": platform.platform(), "python": platform.python_version()},
         "load_avg_1min_start": round(os.getloadavg()[0], 2), "runs": []}
     json_path = os.path.join(args.output_dir, "time_to_solve_fused_fresh.json")
     for env_id in args.envs:
@@ -1053,15 +1050,6 @@ def _fresh_child(args: argparse.Namespace) -> None:
                       max_updates=args.max_updates, seed_blocks=args.seed_blocks,
                       fused_lowering=args.fused_lowering)
     print("RESULT " + json.dumps(out))
-
-
-def _commit() -> str | None:
-    """The repository's HEAD commit, or None outside a git checkout."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 # ====================================================================== driver

@@ -23,6 +23,7 @@ property of the design. Hence:
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -124,8 +125,8 @@ def test_fused_train_build__compiles_neither_module_init_until_their_params_are_
 
     sampler, learner = build()
     learner.make_train(sampler, 2)
+    # Neither is built yet (building either compiles its `jit(init)`).
     assert not [m for m in compile_counter.messages if m.startswith("Compiling jit(init)")]
-    assert learner._state is None and sampler.module is not None
     late = host_tree((learner.state, sampler.params))
     assert len([m for m in compile_counter.messages
                 if m.startswith("Compiling jit(init)")]) == 2
@@ -139,8 +140,8 @@ def test_fused_train_build__compiles_neither_module_init_until_their_params_are_
     runner = jaxrunner.SingleAgentEnvRunner(config=make_config(num_envs=2, fragment=8, seed=4))
     assert len([m for m in compile_counter.messages
                 if m.startswith("Compiling jit(init)")]) == 1
-    jax.tree.map(np.testing.assert_array_equal, host_tree(runner._params_value),
-                 late[1])
+    jax.tree.map(np.testing.assert_array_equal,
+                 host_tree(runner.get_state(components="rl_module")["rl_module"]), late[1])
     runner.stop()
 
 
@@ -159,3 +160,39 @@ def test_learner__a_module_that_cannot_initialise_fails_at_construction():
                         model_config={"fcnet_hiddens": [8]}, inference_only=False)
     with pytest.raises(ValueError, match="init is broken"):
         PPOLearner(spec.build(), PPOConfig())
+
+
+def test_deferred__builds_once_on_first_read_and_traces_shapes_at_once(compile_counter):
+    """`rl_module.Deferred`: shapes at construction with nothing compiled, the value built
+    on the first read only, a `build` that fails under tracing fails at construction, and
+    one that needs concrete values is built at once."""
+    from jaxrunner.modules.rl_module import Deferred
+
+    calls = []
+
+    def build(x):
+        calls.append(x)
+        return {"double": x * 2.0}
+
+    x = jnp.ones(3)
+    compile_counter.reset()
+    held = Deferred(build, x)
+    assert held.like["double"].shape == (3,) and not compile_counter.messages
+    traced = len(calls)
+    np.testing.assert_array_equal(held.value["double"], 2.0)
+    np.testing.assert_array_equal(held.value["double"], 2.0)
+    assert len(calls) == traced + 1  # built once, on the first read
+    assert held.like is held.value
+
+    def broken(x):
+        raise ValueError("cannot build")
+
+    with pytest.raises(ValueError, match="cannot build"):
+        Deferred(broken, x)
+
+    def concrete(x):
+        return x + 1 if float(x[0]) > 0 else x  # Python control flow on a value
+
+    eager = Deferred(concrete, x)
+    np.testing.assert_array_equal(eager.like, 2.0)  # built at construction
+    assert Deferred.built(5).value == 5

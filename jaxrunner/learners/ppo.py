@@ -43,7 +43,8 @@ from jaxrunner import lowering
 from jaxrunner.core import chunk as core_chunk
 from jaxrunner.core.carry import Trajectory
 from jaxrunner.core.final_obs import join_stores_across_envs
-from jaxrunner.modules.rl_module import DEFAULT_MODULE_ID, RLModule, RLModuleSpec, init_params
+from jaxrunner.modules.rl_module import (DEFAULT_MODULE_ID, Deferred, RLModule, RLModuleSpec,
+                                        init_params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,12 +195,7 @@ class PPOLearner:
         # and building it compiles the module's init (about 1 s for a 64x64 MLP on a
         # 2-core CPU). Its shapes are traced now, so a module that cannot initialise
         # fails here, at construction.
-        self._state: LearnerState | None = None
-        self._initial = (jax.random.key(config.seed), params)
-        try:
-            jax.eval_shape(self.init_state, *self._initial)
-        except jax.errors.JAXTypeError:  # an init that needs concrete values: build it now
-            self._state = self.init_state(*self._initial)
+        self._state = Deferred(self.init_state, jax.random.key(config.seed), params)
         self.weights_seq_no = 0
         self.iteration = 0  # `train()` iterations done so far, over all calls
         self.history: list[dict] = []  # every `train()` row, over all calls
@@ -210,13 +206,11 @@ class PPOLearner:
         """The learner's `LearnerState` (params, optimizer state, shuffling key): the one
         `config.seed` (or the `params` given) makes, built on first read, then each
         update's."""
-        if self._state is None:
-            self._state = self.init_state(*self._initial)
-        return self._state
+        return self._state.value
 
     @state.setter
     def state(self, value: LearnerState) -> None:
-        self._state = value
+        self._state = Deferred.built(value)
 
     def init_state(self, key: jax.Array, params: Any = None) -> LearnerState:
         """A fresh `LearnerState` (pure: `jax.vmap` it over keys for a population)."""

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import gymnasium as gym
@@ -122,14 +123,47 @@ def init_params(module: Any, key: jax.Array) -> Any:
         return module.init(key)
 
 
-def params_shape(module: Any, key: jax.Array) -> Any:
-    """The `jax.ShapeDtypeStruct` tree of `init_params(module, key)`, traced: nothing runs
-    or compiles. None when the module's `init` needs concrete values (`init_params` runs
-    such a module eagerly, which no trace can)."""
-    try:
-        return jax.eval_shape(lambda k: init_params(module, k), key)
-    except jax.errors.JAXTypeError:
-        return None
+class Deferred:
+    """A value built on its first read (`value`) from `build(*args)`, whose shapes are
+    traced at once (`like`): nothing compiles until it is read, and a `build` that cannot
+    run fails here, at construction. A `build` that needs concrete values (Python control
+    flow on arrays, which no trace can follow: `init_params`' eager fallback) runs at once.
+
+    Module params and a learner's state are built this way where a fused train may never
+    read them (`jaxrunner.make_sampler`'s runner, `PPOLearner`)."""
+
+    def __init__(self, build: Callable[..., Any], *args: Any):
+        self._build: Callable[[], Any] | None = functools.partial(build, *args)
+        self._value = None
+        try:
+            self._shapes = jax.eval_shape(build, *args)
+        except jax.errors.JAXTypeError:
+            self._shapes = None
+            self._force()
+
+    @classmethod
+    def built(cls, value: Any) -> "Deferred":
+        """A `Deferred` holding `value`, already built."""
+        out = cls.__new__(cls)
+        out._build, out._value, out._shapes = None, value, None
+        return out
+
+    def _force(self) -> None:
+        build, self._build = self._build, None
+        self._value = build()
+
+    @property
+    def value(self) -> Any:
+        """The value, built now if it was not yet."""
+        if self._build is not None:
+            self._force()
+        return self._value
+
+    @property
+    def like(self) -> Any:
+        """The value if built, else its `jax.ShapeDtypeStruct` tree: for `eval_shape` and
+        other traces that need only its shapes (reading this builds nothing)."""
+        return self._value if self._build is None else self._shapes
 
 
 def preprocess_observations(obs: jax.Array, space: gym.spaces.Space) -> jax.Array:

@@ -38,7 +38,7 @@ from jaxrunner.core.faults import FAILURE_INFO_KEY
 from jaxrunner.envs.context import EnvContext
 from jaxrunner.errors import SampleArgumentError, StateStructureError
 from jaxrunner.metrics.custom import DeviceMetrics
-from jaxrunner.modules.rl_module import init_params, params_shape
+from jaxrunner.modules.rl_module import Deferred, init_params
 from jaxrunner.runners.env_runner import EnvRunner
 from jaxrunner.runners.sharding import make_env_mesh, replicate, shard_carry
 from jaxrunner.structure import check_finite_tree, check_same_structure
@@ -219,41 +219,30 @@ class CompiledEnvRunner(EnvRunner):
     # ------------------------------------------------------------------ params
     @property
     def _params(self) -> Any:
-        """The inference module's params. With `params_on_first_read`, a new module's
-        are built here on their first read (`_set_initial_params`): a sampler that only
-        runs inside a fused train (`jaxrunner.make_sampler`, `PPOLearner.make_train`)
-        never compiles their init."""
-        if self._params_pending is not None:
-            init, _ = self._params_pending
-            self._params_pending = None
-            self._params_value = init()
-        return self._params_value
+        """The inference module's params (with `params_on_first_read`, a new module's
+        are built here, on their first read: `_set_initial_params`)."""
+        return self._params_holder.value
 
     @_params.setter
     def _params(self, value: Any) -> None:
-        self._params_pending = None
-        self._params_value = value
+        self._params_holder = Deferred.built(value)
 
     def _set_initial_params(self, module: Any, key: jax.Array) -> Any:
-        """Makes `init_params(module, key)` the params and returns what stands for them
-        until they are built: the params themselves, built now; or, with
-        `params_on_first_read`, their `jax.ShapeDtypeStruct` tree (traced), the params
-        being built on their first read. A module whose init needs concrete values is
-        initialised now either way."""
-        shapes = params_shape(module, key) if self._lazy_params else None
-        if shapes is None:
-            self._params = jax.device_put(init_params(module, key))
-            return self._params
-        self._params_pending = (lambda: jax.device_put(init_params(module, key)), shapes)
-        self._params_value = None
-        return shapes
+        """Makes `init_params(module, key)` the params, built now or, with
+        `params_on_first_read`, on their first read (a `Deferred`: a sampler that only
+        runs inside a fused train never compiles their init); returns what stands for
+        them meanwhile (`_params_like()`)."""
+        def build(k: jax.Array) -> Any:
+            return jax.device_put(init_params(module, k))
+
+        self._params_holder = (Deferred(build, key) if self._lazy_params
+                               else Deferred.built(build(key)))
+        return self._params_like()
 
     def _params_like(self) -> Any:
         """The params, or their `jax.ShapeDtypeStruct`s while not built: for `eval_shape`
         and other traces that only need their shapes (reading them does not build them)."""
-        if self._params_pending is not None:
-            return self._params_pending[1]
-        return self._params_value
+        return self._params_holder.like
 
     # ------------------------------------------------------------------ callbacks
     def _env_created(self) -> None:
