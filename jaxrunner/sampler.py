@@ -209,11 +209,12 @@ class Sampler:
     """
 
     def __init__(self, runner: Any, *, rollout_fns: Callable[[str], ChunkFns], num_steps: int,
-                 default_key: jax.Array, current_params: Callable[[], Any],
+                 default_key: Callable[[], jax.Array], current_params: Callable[[], Any],
                  agent_ids: tuple[str, ...] = ()):
         """Built by the runner (`runner.sampler`), which hands over its layout's
-        `rollout_fns(mode) -> ChunkFns`, the chunk length, the key its own carry starts
-        from, a getter of its current inference params and (multi-agent) its agent ids;
+        `rollout_fns(mode) -> ChunkFns`, the chunk length, a getter of the key its own
+        carry starts from (read on first use: computing it compiles a `fold_in`), a getter
+        of its current inference params and (multi-agent) its agent ids;
         the env, module and config are the runner's public attributes."""
         self.runner = runner  # the runner this sampler was built from
         self._rollout_fns = rollout_fns
@@ -228,7 +229,7 @@ class Sampler:
         # sub-envs (faster there, bit for bit the same values; `jaxrunner.lowering`).
         self.unrolled_rng = lowering.unroll_for(self.num_envs)
         self.num_steps = int(num_steps)
-        self.default_key = default_key
+        self._default_key = default_key
         self.agent_ids = tuple(agent_ids)
         self.module_ids = tuple(self.module.module_ids) if self.agent_ids else ()
         self.multi_agent = bool(self.agent_ids)
@@ -240,6 +241,14 @@ class Sampler:
         self._jit_sample: dict[tuple, Any] = {}
         self._jit_reset = None
         self._custom_metrics: dict[str, MetricSpec] | None = None
+
+    @property
+    def default_key(self) -> jax.Array:
+        """The typed key the runner's own carry starts from (`init(sampler.default_key)`
+        starts where the runner's first `sample()` does)."""
+        if callable(self._default_key):
+            self._default_key = self._default_key()
+        return self._default_key
 
     @property
     def custom_metrics(self) -> dict[str, MetricSpec]:

@@ -13,6 +13,8 @@ iteration, and the round trip carries their state, ring and sums."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -529,6 +531,23 @@ def _count_chunk_step_traces(monkeypatch) -> list:
     return traces
 
 
+def _run_fused_loop(seeds: int) -> Any:
+    """CALLS samples in a `scan` after `init`, in one jit (vmapped over `seeds` seeds; 0:
+    one seed, no vmap), of a sampler built now (it reads `core.chunk`'s `SHARE_*_TRACE`
+    switches when first traced); its final state and per-call reward sums on the host."""
+    sampler = jaxrunner.make_sampler(make_config(num_envs=NUM_ENVS, fragment=T))
+    keys = jax.vmap(jax.random.key)(jnp.arange(max(seeds, 1)))
+
+    def train(key):
+        def body(state, _):
+            state, traj, _ = sampler.sample(state, sampler.params)
+            return state, traj.rewards.sum()
+        return jax.lax.scan(body, sampler.init(key), None, length=CALLS)
+
+    program = jax.jit(jax.vmap(train)) if seeds else jax.jit(train)
+    return host_tree(program(keys if seeds else keys[0]))
+
+
 @pytest.mark.parametrize("seeds", [0, 2])
 def test_fused_loop__traces_the_env_step_once_for_init_and_chunk(monkeypatch, seeds):
     """`init` (its lookback's shapes) and the chunk's loop body share one trace of the
@@ -537,35 +556,42 @@ def test_fused_loop__traces_the_env_step_once_for_init_and_chunk(monkeypatch, se
     old way (`SHARE_STEP_TRACE = False`), bit for bit."""
     import jaxrunner.core.chunk as chunk_module
 
-    config = make_config(num_envs=NUM_ENVS, fragment=T)
     traces = _count_chunk_step_traces(monkeypatch)
-    keys = jax.vmap(jax.random.key)(jnp.arange(max(seeds, 1)))
-
-    def run_fused_loop():
-        """CALLS samples in a `scan` after `init`, in one jit (vmapped over `seeds`), of a
-        sampler built now (it reads `SHARE_STEP_TRACE` when first traced)."""
-        sampler = jaxrunner.make_sampler(config)
-
-        def train(key):
-            def body(state, _):
-                state, traj, _ = sampler.sample(state, sampler.params)
-                return state, traj.rewards.sum()
-            return jax.lax.scan(body, sampler.init(key), None, length=CALLS)
-
-        program = jax.jit(jax.vmap(train)) if seeds else jax.jit(train)
-        return host_tree(program(keys if seeds else keys[0]))
-
-    shared = run_fused_loop()
+    shared = _run_fused_loop(seeds)
     assert len(traces) == 1, traces
 
     # The same loop with the body tracing the step itself traces it twice, to the same
     # values.
     monkeypatch.setattr(chunk_module, "SHARE_STEP_TRACE", False)
     traces.clear()
-    traced = run_fused_loop()
+    traced = _run_fused_loop(seeds)
     # once for the shapes, once in the body; vmapped, once more in `custom_vmap`'s
     # unbatched trace of the chunk
     assert len(traces) == (3 if seeds else 2), traces
+    jax.tree.map(np.testing.assert_array_equal, shared, traced)
+
+
+def test_vmapped_fused_loop__traces_the_chunks_finish_once(monkeypatch):
+    """Under `jax.vmap` the chunk is traced twice (`custom_vmap`'s own unbatched trace,
+    then the batched one); the batched trace evaluates the first trace of the chunk's
+    finish (decode, metric ring, lookback roll) instead of running its Python again. The
+    loop's values equal those of the loop traced the old way (`SHARE_FINISH_TRACE =
+    False`), bit for bit."""
+    import jaxrunner.core.chunk as chunk_module
+
+    finishes, original = [], chunk_module.finish_chunk
+
+    def counted(*args, **kwargs):
+        finishes.append(len(finishes))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(chunk_module, "finish_chunk", counted)
+    shared = _run_fused_loop(2)
+    assert len(finishes) == 1, finishes
+    monkeypatch.setattr(chunk_module, "SHARE_FINISH_TRACE", False)
+    finishes.clear()
+    traced = _run_fused_loop(2)
+    assert len(finishes) == 2, finishes
     jax.tree.map(np.testing.assert_array_equal, shared, traced)
 
 

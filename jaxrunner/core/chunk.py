@@ -104,6 +104,14 @@ PROVE_OBS_FINITE = True
 # `benchmarks/step_trace.py`). The trace is kept while the chunk functions live. False
 # traces the step in the body again: for tests and A/B benchmarks.
 SHARE_STEP_TRACE = True
+# Under `vmap_members` the chunk is traced twice (`custom_vmap`'s own unbatched trace, then
+# the batched one); the second evaluates the first trace of the chunk's finish (decode,
+# metric ring, lookback roll: most of the chunk's Python) instead of tracing it again.
+# The same compiled program (identical optimised HLO for the 8-seed fused PPOs of
+# `benchmarks/time_to_solve.py`); an 8-seed fused Pendulum PPO traced in 0.46-0.55 s
+# instead of 0.55-0.62 s (scratch, a warm process). False traces it again: for tests and
+# A/B benchmarks.
+SHARE_FINISH_TRACE = True
 
 # Under `jax.vmap`, a loop whose carry starts partly unbatched (constants: zero counters,
 # empty buffers) and turns batched after a step is batched by JAX once more for every
@@ -394,6 +402,48 @@ def _aval_signature(x: Any) -> tuple:
     return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
 
 
+class TracedOnce:
+    """`fn(context, *args)` traced to a jaxpr once per signature: the pytree structure,
+    shapes, dtypes and weak types of `args` (arrays and tracers), the `context` object
+    (what else the trace reads: bound callbacks; by identity, kept alive with the trace)
+    and a hashable `key` (e.g. the Threefry lowering in force). `shapes(...)` gives the
+    output shapes from that trace; a call evaluates the trace's equations on `args`
+    instead of running `fn`'s Python again: the equations a second trace would give, so
+    the same program. A call runs `fn` itself where `share()` is False or the trace
+    captured a value of an enclosing trace (its jaxpr cannot stand alone). Traces live as
+    long as this object."""
+
+    def __init__(self, fn: Callable, share: Callable[[], bool] = lambda: True):
+        self._fn = fn
+        self._share = share
+        self._programs: dict[tuple, tuple] = {}
+
+    def _traced(self, context: Any, args: tuple, key: Any) -> tuple:
+        leaves, treedef = jax.tree.flatten(args)
+        signature = (id(context), key, treedef, tuple(_aval_signature(x) for x in leaves))
+        if signature not in self._programs:
+            closed, out_shape = jax.make_jaxpr(
+                lambda *flat: self._fn(context, *jax.tree.unflatten(treedef, flat)),
+                return_shape=True)(*leaves)
+            own = not any(isinstance(c, jax.core.Tracer) for c in closed.consts)
+            self._programs[signature] = (closed if own else None,
+                                         jax.tree.structure(out_shape), out_shape, context)
+        return self._programs[signature]
+
+    def shapes(self, context: Any, *args: Any, key: Any = None) -> Any:
+        """The `jax.ShapeDtypeStruct` tree of `fn(context, *args)`."""
+        return self._traced(context, args, key)[2]
+
+    def __call__(self, context: Any, *args: Any, key: Any = None) -> Any:
+        if not self._share():
+            return self._fn(context, *args)
+        closed, out_tree, _, _ = self._traced(context, args, key)
+        if closed is None:
+            return self._fn(context, *args)
+        flat = jax.extend.core.jaxpr_as_fun(closed)(*jax.tree.leaves(args))
+        return jax.tree.unflatten(out_tree, flat)
+
+
 def make_chunk_fns(layout: Any) -> ChunkFns:
     """Builds the pure rollout functions of `layout` (already bound to a policy mode)."""
     spec = layout.spec
@@ -402,7 +452,6 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
     vmapped_reset = jax.vmap(env.reset, in_axes=(0, None))
     callbacks = getattr(spec, "callbacks", None)
     bound: dict[str, Any] = {}  # the vector env step and the bound callbacks, once traced
-    step_programs: dict[tuple, tuple] = {}  # one_step's trace per input signature
 
     def reset_all(key: jax.Array, env_params: Any):
         return strong_types(vmapped_reset(jax.random.split(key, num_envs), env_params))
@@ -562,41 +611,26 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
         new_carry, record, _, values = one_step(carry, params, env_params, cbs, False)
         return new_carry, record, values
 
-    def traced_step(carry: Any, params: Any, env_params: Any, cbs: Any) -> tuple:
-        """`(closed jaxpr or None, output treedef, (record, callback values or None)
-        shapes)` of `step_without_view(carry, params, env_params, cbs)`, traced once per
-        input signature and Threefry lowering (the vector step differs
-        under the unrolled one). `init_lookback`, the chunk's buffer shapes and the
-        chunk's loop body share that trace: the body evaluates the traced jaxpr, the same
-        equations a second trace would give, so a program holding both the init and the
-        chunk (a fused train), or a runner's first `sample()`, traces the env's step
-        once less. The jaxpr is None (each use traces the step itself) when the trace
-        captured a value of an enclosing trace."""
-        leaves, treedef = jax.tree.flatten((carry, params, env_params))
-        signature = (id(cbs), treedef, tuple(_aval_signature(x) for x in leaves),
-                     lowering.unrolled_threefry_active())
-        if signature not in step_programs:
-            closed, out_shape = jax.make_jaxpr(
-                lambda *flat: step_without_view(*jax.tree.unflatten(treedef, flat), cbs),
-                return_shape=True)(*leaves)
-            own = not any(isinstance(c, jax.core.Tracer) for c in closed.consts)
-            step_programs[signature] = (closed if own else None,
-                                        jax.tree.structure(out_shape), out_shape[1:])
-        return step_programs[signature]
+    # `one_step` as the chunk's loop runs it, traced once per input signature, bound
+    # callbacks and Threefry lowering (the vector step differs under the unrolled one):
+    # `init_lookback`, the chunk's buffer shapes and the chunk's loop body share that
+    # trace, so a program holding both the init and the chunk (a fused train), or a
+    # runner's first `sample()`, traces the env's step once less.
+    traced_step = TracedOnce(
+        lambda cbs, carry, params, env_params: step_without_view(carry, params, env_params,
+                                                                 cbs),
+        share=lambda: SHARE_STEP_TRACE)
 
     def traced_one_step(carry: Any, params: Any, env_params: Any, cbs: Any) -> tuple:
         """`(carry, record, callback values or None)` of one vector step, from its
         shared trace (`traced_step`)."""
-        closed, out_tree, _ = traced_step(carry, params, env_params, cbs)
-        if closed is None or not SHARE_STEP_TRACE:
-            return step_without_view(carry, params, env_params, cbs)
-        flat = jax.extend.core.jaxpr_as_fun(closed)(*jax.tree.leaves((carry, params,
-                                                                      env_params)))
-        return jax.tree.unflatten(out_tree, flat)
+        return traced_step(cbs, carry, params, env_params,
+                           key=lowering.unrolled_threefry_active())
 
     def step_shapes(carry: Any, params: Any, env_params: Any, cbs: Any) -> tuple:
         """`(record, callback values or None)` shapes of one vector step."""
-        return traced_step(carry, params, env_params, cbs)[2]
+        return traced_step.shapes(cbs, carry, params, env_params,
+                                  key=lowering.unrolled_threefry_active())[1:]
 
     def init_lookback(carry: Any, params: Any, env_params: Any):
         return layout.init_lookback(step_shapes(carry, params, env_params, None)[0])
@@ -661,10 +695,18 @@ def make_chunk_fns(layout: Any) -> ChunkFns:
             callback_values = store.end_rows(rows)
         elif values_per_step:
             records, callback_values = records
-        return finish_chunk(layout, carry, start, lookback, records, steps_taken,
-                            episodes_limit, call_step_offset, agent_steps_done,
-                            rows=rows if store is not None else None, callbacks=cbs,
-                            callback_values=callback_values)
+        return traced_finish(cbs, carry, start, lookback, records, steps_taken,
+                             episodes_limit, call_step_offset, agent_steps_done,
+                             rows if store is not None else None, callback_values)
+
+    # The chunk's finish, traced once per signature (`SHARE_FINISH_TRACE`).
+    traced_finish = TracedOnce(
+        lambda cbs, carry, start, lookback, records, steps_taken, episodes_limit,
+        call_step_offset, agent_steps_done, rows, callback_values: finish_chunk(
+            layout, carry, start, lookback, records, steps_taken, episodes_limit,
+            call_step_offset, agent_steps_done, rows=rows, callbacks=cbs,
+            callback_values=callback_values),
+        share=lambda: SHARE_FINISH_TRACE)
 
     return ChunkFns(init_carry=init_carry, reset_carry=reset_carry,
                     init_lookback=init_lookback, chunk=chunk, vector_step=vector_step,

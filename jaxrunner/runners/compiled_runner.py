@@ -227,13 +227,15 @@ class CompiledEnvRunner(EnvRunner):
     def _params(self, value: Any) -> None:
         self._params_holder = Deferred.built(value)
 
-    def _set_initial_params(self, module: Any, key: jax.Array) -> Any:
-        """Makes `init_params(module, key)` the params, built now or, with
-        `params_on_first_read`, on their first read (a `Deferred`: a sampler that only
-        runs inside a fused train never compiles their init); returns what stands for
-        them meanwhile (`_params_like()`)."""
+    def _set_initial_params(self, module: Any) -> Any:
+        """Makes `module`'s params from this runner's key (`fold_in(base key, 1)`) the
+        params, built now or, with `params_on_first_read`, on their first read (a
+        `Deferred`: a sampler that only runs inside a fused train never compiles their
+        init); returns what stands for them meanwhile (`_params_like()`)."""
+        key = self._base_key
+
         def build(k: jax.Array) -> Any:
-            return jax.device_put(init_params(module, k))
+            return jax.device_put(init_params(module, k, fold_in=1))
 
         self._params_holder = (Deferred(build, key) if self._lazy_params
                                else Deferred.built(build(key)))
@@ -366,7 +368,7 @@ class CompiledEnvRunner(EnvRunner):
                     "sampler needs a JAX env (gymnax-style reset/step).")
             self._compiled["sampler"] = Sampler(
                 self, rollout_fns=self._rollout_fns, num_steps=self._chunk_len(),
-                default_key=self._carry_start_key(), current_params=lambda: self._params,
+                default_key=self._carry_start_key, current_params=lambda: self._params,
                 agent_ids=tuple(getattr(self, "agent_ids", ())))
         return self._compiled["sampler"]
 

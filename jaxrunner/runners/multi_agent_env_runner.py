@@ -399,8 +399,7 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
                 model_config={**cfg.model_config_with_defaults, **(spec.model_config or {})},
                 inference_only=True).build()
         module = MultiRLModule(modules, policies_to_train=cfg.policies_to_train)
-        key = jax.random.fold_in(self._base_key, 1)
-        shapes = self._set_initial_params(module, key)
+        shapes = self._set_initial_params(module)
         if mapping is not None:
             self._check_modules_fit(module, shapes, mapping, obs_spaces)
         self.module = module

@@ -207,8 +207,7 @@ class SingleAgentEnvRunner(CompiledEnvRunner):
             inference_only=True,
         )
         module = spec.build()
-        key = jax.random.fold_in(self._base_key, 1)
-        shapes = self._set_initial_params(module, key)
+        shapes = self._set_initial_params(module)
         self._check_module_fits(module, shapes, obs_space, act_space)
         self.module = module
         self._compiled = {}
