@@ -295,12 +295,33 @@ def same_batching_as(tree: Any, like: Any) -> Any:
             first = jnp.ravel(leaf)[0]
             flag = flag & (first == first)
 
+    flags: dict[tuple, jax.Array] = {}  # the flag broadcast once per shape
+
     def select(x: Any) -> Any:
         if not isinstance(x, jax.Array) or jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
             return x
-        return jax.lax.select(jnp.broadcast_to(flag, jnp.shape(x)), x, x)
+        shape = jnp.shape(x)
+        if shape not in flags:
+            flags[shape] = jnp.broadcast_to(flag, shape)
+        return jax.lax.select(flags[shape], x, x)
 
     return jax.tree.map(select, tree)
+
+
+def _select_by(pred: jax.Array) -> Callable[[Any, Any], Any]:
+    """`select(a, b)`: `a` where the scalar `pred`, else `b` (same shapes and dtypes), as
+    `jnp.where` gives it, with `pred` broadcast once per shape and no `jnp.where` call
+    of its own per leaf (each a nested `jit` in the traced program; a vmapped fused train
+    selects dozens of leaves a step)."""
+    broadcast: dict[tuple, jax.Array] = {}
+
+    def select(a: Any, b: Any) -> Any:
+        shape = jnp.shape(a)
+        if shape not in broadcast:
+            broadcast[shape] = jnp.broadcast_to(pred, shape)
+        return jax.lax.select(broadcast[shape], a, b)
+
+    return select
 
 
 def _scan_while_members(step: Callable, state: Any, buffers: Any, length: int,
@@ -314,8 +335,9 @@ def _scan_while_members(step: Callable, state: Any, buffers: Any, length: int,
     def one(loop):
         t, taken, go, state, out = loop  # go: this member takes step t
         new_state, record = step(state)
-        state = jax.tree.map(lambda new, old: jnp.where(go, new, old), new_state, state)
-        record = jax.tree.map(lambda x: jnp.where(go, x, jnp.zeros_like(x)), record)
+        keep = _select_by(go)
+        state = jax.tree.map(keep, new_state, state)
+        record = jax.tree.map(lambda x: keep(x, jnp.zeros_like(x)), record)
         return (t + 1, taken + go.astype(jnp.int32), go & keep_going(t + 1, state, 1), state,
                 _write_record(out, record, t))
 
