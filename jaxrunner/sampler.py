@@ -229,7 +229,7 @@ class Sampler:
         # sub-envs (faster there, bit for bit the same values; `jaxrunner.lowering`).
         self.unrolled_rng = lowering.unroll_for(self.num_envs)
         self.num_steps = int(num_steps)
-        self._default_key = default_key
+        self._start_key = default_key
         self.agent_ids = tuple(agent_ids)
         self.module_ids = tuple(self.module.module_ids) if self.agent_ids else ()
         self.multi_agent = bool(self.agent_ids)
@@ -242,13 +242,11 @@ class Sampler:
         self._jit_reset = None
         self._custom_metrics: dict[str, MetricSpec] | None = None
 
-    @property
+    @functools.cached_property
     def default_key(self) -> jax.Array:
         """The typed key the runner's own carry starts from (`init(sampler.default_key)`
         starts where the runner's first `sample()` does)."""
-        if callable(self._default_key):
-            self._default_key = self._default_key()
-        return self._default_key
+        return self._start_key()
 
     @property
     def custom_metrics(self) -> dict[str, MetricSpec]:

@@ -172,6 +172,30 @@ def test_fused_train_build__folds_no_key_outside_a_program(monkeypatch):
     runner.stop()
 
 
+def test_runner__a_module_whose_init_needs_concrete_values_gets_the_same_key():
+    """A module whose `init` reads a concrete value (Python control flow on an array) is
+    initialised eagerly (`init_params`' fallback), from the same folded key as the one
+    compiled init: its params are those of the default module of the same config."""
+    from jaxrunner.modules.rl_module import DefaultMLPModule, RLModuleSpec
+
+    class ConcreteInit(DefaultMLPModule):
+        def init(self, key):
+            if float(jnp.sum(jax.random.key_data(key))) < 0:  # never: a concrete read
+                raise AssertionError
+            return super().init(key)
+
+    compiled = jaxrunner.SingleAgentEnvRunner(config=make_config(seed=4))
+    config = make_config(seed=4)
+    config.rl_module(rl_module_spec=RLModuleSpec(module_class=ConcreteInit))
+    eager = jaxrunner.SingleAgentEnvRunner(config=config)
+    # Eager and compiled initialisers agree to rounding; a different key would not.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 host_tree(eager.get_state(components="rl_module")["rl_module"]),
+                 host_tree(compiled.get_state(components="rl_module")["rl_module"]))
+    eager.stop()
+    compiled.stop()
+
+
 def test_learner__a_module_that_cannot_initialise_fails_at_construction():
     """The learner's state is built on first read, but its shapes are traced at
     construction: a module whose init raises fails there, not at the first update."""

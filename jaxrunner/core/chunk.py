@@ -295,15 +295,12 @@ def same_batching_as(tree: Any, like: Any) -> Any:
             first = jnp.ravel(leaf)[0]
             flag = flag & (first == first)
 
-    flags: dict[tuple, jax.Array] = {}  # the flag broadcast once per shape
+    keep = _select_by(flag)
 
     def select(x: Any) -> Any:
         if not isinstance(x, jax.Array) or jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
             return x
-        shape = jnp.shape(x)
-        if shape not in flags:
-            flags[shape] = jnp.broadcast_to(flag, shape)
-        return jax.lax.select(flags[shape], x, x)
+        return keep(x, x)
 
     return jax.tree.map(select, tree)
 

@@ -232,13 +232,11 @@ class CompiledEnvRunner(EnvRunner):
         params, built now or, with `params_on_first_read`, on their first read (a
         `Deferred`: a sampler that only runs inside a fused train never compiles their
         init); returns what stands for them meanwhile (`_params_like()`)."""
-        key = self._base_key
+        def build(base_key: jax.Array) -> Any:
+            return jax.device_put(init_params(module, base_key, fold_in=1))
 
-        def build(k: jax.Array) -> Any:
-            return jax.device_put(init_params(module, k, fold_in=1))
-
-        self._params_holder = (Deferred(build, key) if self._lazy_params
-                               else Deferred.built(build(key)))
+        self._params_holder = (Deferred(build, self._base_key) if self._lazy_params
+                               else Deferred.built(build(self._base_key)))
         return self._params_like()
 
     def _params_like(self) -> Any:
