@@ -187,6 +187,20 @@ class SampleMetrics:
     custom_lifetime_lo: jax.Array | None = None  # (K,) float32
 
 
+def _typed_key(key: Any, what: str) -> jax.Array:
+    """`key` as a typed PRNG key: a typed key as it is, the raw uint32 key data of
+    `jax.random.PRNGKey` wrapped (the same random bits); anything else raises `TypeError`."""
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        return key
+    if dtype == jnp.uint32:
+        return jax.random.wrap_key_data(key)
+    raise TypeError(
+        f"{what}: key must be a typed jax.random.key (e.g. jax.random.key(0), or "
+        f"jax.random.split of one for several seeds under vmap), got {type(key).__name__}"
+        f"{'' if dtype is None else f' of dtype {dtype}'}.")
+
+
 def _mode(explore: bool, random_actions: bool) -> str:
     if not isinstance(explore, bool) or not isinstance(random_actions, bool):
         raise TypeError(
@@ -210,15 +224,17 @@ class Sampler:
 
     def __init__(self, runner: Any, *, rollout_fns: Callable[[str], ChunkFns], num_steps: int,
                  default_key: Callable[[], jax.Array], current_params: Callable[[], Any],
-                 agent_ids: tuple[str, ...] = ()):
+                 params_like: Callable[[], Any], agent_ids: tuple[str, ...] = ()):
         """Built by the runner (`runner.sampler`), which hands over its layout's
         `rollout_fns(mode) -> ChunkFns`, the chunk length, a getter of the key its own
-        carry starts from (read on first use: computing it compiles a `fold_in`), a getter
-        of its current inference params and (multi-agent) its agent ids;
+        carry starts from (read on first use: computing it compiles a `fold_in`), getters
+        of its current inference params and of their shapes (which build nothing) and
+        (multi-agent) its agent ids;
         the env, module and config are the runner's public attributes."""
         self.runner = runner  # the runner this sampler was built from
         self._rollout_fns = rollout_fns
         self._current_params = current_params
+        self._params_like = params_like
         self.config = runner.config
         self.env = runner.env
         self.env_params = runner.env_params
@@ -290,6 +306,12 @@ class Sampler:
         """The runner's current inference params (initial ones unless weights were set)."""
         return self._current_params()
 
+    @property
+    def params_like(self) -> Any:
+        """The runner's inference params, or their `jax.ShapeDtypeStruct` tree while they
+        are not built (reading this builds nothing): the structure `sample` takes."""
+        return self._params_like()
+
     # ------------------------------------------------------------------ pure pieces
     def chunk_fns(self, mode: str = "explore") -> ChunkFns:
         """The pure `ChunkFns` of policy `mode` ("explore", "inference", "random")."""
@@ -332,14 +354,20 @@ class Sampler:
 
         Args:
             key: a typed `jax.random.key` (`sampler.default_key` gives the runner's own
-                start); `vmap` over a batch of keys for one state per seed.
+                start; the raw uint32 data of `jax.random.PRNGKey` is wrapped into one);
+                `vmap` over a batch of keys for one state per seed.
             params: module params (only their structure is used; default `self.params`).
             env_params: the env's params (default the env's own).
         Pure and jittable."""
+        key = _typed_key(key, "Sampler.init")
         params = self.params if params is None else params
         env_params = self._env_params(env_params)
         fns = self.chunk_fns("explore")
-        carry = fns.init_carry(key, params, env_params)
+        try:
+            carry = fns.init_carry(key, params, env_params)
+        except Exception as error:
+            self._raise_if_params_mismatched("Sampler.init", params, error)
+            raise
         lookback = fns.init_lookback(carry, params, env_params)
         return SamplerState(carry=carry, lookback=lookback,
                             counters=SamplerCounters.zeros(len(self.agent_ids),
@@ -374,11 +402,23 @@ class Sampler:
             multi-agent); a `SampleMetrics`.
         """
         mode = _mode(explore, random_actions)
+        if not isinstance(state, SamplerState):
+            raise TypeError(f"Sampler.sample: state must be a SamplerState (from "
+                            f"sampler.init, sample or from_runner_state), got "
+                            f"{type(state).__name__}.")
+        if params is None:
+            raise TypeError("Sampler.sample needs the module's inference params: pass "
+                            "sampler.params (the runner's) or your own of the same structure "
+                            "(e.g. module.params_for_inference(learner_params)).")
         env_params = self._env_params(env_params)
         fns = self.chunk_fns(mode)
         steps = jnp.asarray(self.num_steps if num_steps is None else num_steps, jnp.int32)
-        carry, lookback, traj, info = self._member_chunk(mode)(
-            state.carry, state.lookback, params, env_params, steps)
+        try:
+            carry, lookback, traj, info = self._member_chunk(mode)(
+                state.carry, state.lookback, params, env_params, steps)
+        except Exception as error:
+            self._raise_if_mismatched(state, params, error)
+            raise
         must_restart = info.max_consecutive_failures > self._tolerance
         if not self._restart:
             must_restart = must_restart | (info.num_failures > 0)
@@ -387,6 +427,40 @@ class Sampler:
         counters = self._count(state.counters, info)
         metrics = self._metrics(carry, counters, info, state.carry)
         return SamplerState(carry=carry, lookback=lookback, counters=counters), traj, metrics
+
+    def _raise_if_mismatched(self, state: SamplerState, params: Any, error: Exception) -> None:
+        """After `sample` failed to trace with `error`: raises `StateStructureError` (from
+        `error`) naming how `state` or `params` differs from what this sampler makes (a
+        state of a sampler with other sub-envs, params of another module); returns when
+        both fit, so that `error` itself propagates. Only this failure path traces the
+        template, so a `sample` that traces pays nothing for the check."""
+        from jaxrunner.errors import StateStructureError
+        from jaxrunner.structure import check_same_structure
+
+        try:
+            check_same_structure(
+                jax.eval_shape(self.init, self.default_key), state, "Sampler.sample: the state",
+                hint=f"Pass a state of this sampler ({self!r}): from its init(), sample() or "
+                     "from_runner_state(); a state of a sampler with another env, module or "
+                     "sub-env count does not fit.")
+        except StateStructureError as mismatch:
+            raise mismatch from error
+        self._raise_if_params_mismatched("Sampler.sample", params, error)
+
+    def _raise_if_params_mismatched(self, where: str, params: Any, error: Exception) -> None:
+        """Raises `StateStructureError` (from `error`) if `params` do not fit this sampler's
+        module (`params_like`); returns when they do."""
+        from jaxrunner.errors import StateStructureError
+        from jaxrunner.structure import check_same_structure
+
+        try:
+            check_same_structure(
+                self.params_like, params, f"{where}: params",
+                hint="Pass the module's inference params: sampler.params, or your own of the "
+                     "same structure (a learner built by PPOLearner.from_sampler(sampler) "
+                     "gives them by module.params_for_inference(learner_params)).")
+        except StateStructureError as mismatch:
+            raise mismatch from error
 
     def _count(self, c: SamplerCounters, info: Any) -> SamplerCounters:
         steps = info.num_steps.astype(jnp.uint32)
@@ -516,12 +590,12 @@ class Sampler:
             raise StateStructureError(
                 "Sampler.from_runner_state needs the 'env_runner_carry' component: pass "
                 "runner.get_state(components='all') (or components=['env_runner_carry']).")
-        template = jax.eval_shape(self.init, self.default_key)
-        from jaxrunner.runners.compiled_runner import STATE_HINT
+        from jaxrunner.runners.compiled_runner import STATE_HINT, keys_to_data
 
-        check_same_structure(
-            jax.tree.map(lambda _: 0, (template.carry, template.lookback)),
-            jax.tree.map(lambda _: 0, (saved["carry"], saved["lookback"])),
+        template = jax.eval_shape(self.init, self.default_key)
+        check_same_structure(  # keys are stored as their raw data
+            jax.eval_shape(keys_to_data, {"carry": template.carry, "lookback": template.lookback}),
+            {"carry": saved["carry"], "lookback": saved["lookback"]},
             "Sampler.from_runner_state: the env_runner_carry", hint=STATE_HINT)
         impl = saved.get("key_impl") or None
 

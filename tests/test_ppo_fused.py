@@ -111,6 +111,34 @@ def test_fused_train__either_rng_lowering_gives_the_same_episodes():
                                   jax.random.key_data(default["state"].learner.key))
 
 
+def test_fused_train__refuses_a_learner_of_another_sampler_and_bad_seeds(compile_counter):
+    """A learner built for another env or model config, and seeds that are neither a count
+    nor a list of ints, are refused before anything compiles, with what differs; the
+    learner then trains on its own sampler."""
+    config = make_config(num_envs=2, fragment=8, hiddens=(8,), seed=1)
+    sampler = jaxrunner.make_sampler(config)
+    learner = PPOLearner.from_sampler(sampler, PPOConfig(num_epochs=1, num_minibatches=2))
+    pendulum = jaxrunner.make_sampler(make_config("Pendulum-v1", num_envs=2, fragment=8,
+                                                  hiddens=(8,)))
+    wider = jaxrunner.make_sampler(make_config(num_envs=2, fragment=8, hiddens=(16,)))
+    compile_counter.reset()
+    with pytest.raises(jaxrunner.StateStructureError,
+                       match=r"acting params does not fit .*expected shape \(3, 8\), got "
+                             r"\(4, 8\).*PPOLearner.from_sampler\(sampler\)"):
+        learner.fused_train(pendulum, 1)
+    with pytest.raises(jaxrunner.StateStructureError, match=r"expected shape \(16,\), got \(8,\)"):
+        learner.make_train(wider, 1)
+    for seeds in (2.5, ["a"], [1, True], None):
+        with pytest.raises(TypeError, match="seeds must be a number of seeds"):
+            learner.fused_train(sampler, 1, seeds=seeds)
+    with pytest.raises(ValueError, match="at least one seed"):
+        learner.fused_train(sampler, 1, seeds=[])
+    assert compile_counter.count == 0
+    run = learner.fused_train(sampler, 1, seeds=(1, np.int64(2)))
+    assert run["seeds"] == [1, 2]
+    assert run["metrics"]["num_env_steps_sampled_lifetime"].tolist() == [[16], [16]]
+
+
 def test_fused_train_build__compiles_neither_module_init_until_their_params_are_read(
         compile_counter):
     """`make_sampler` + `PPOLearner.from_sampler` + `make_train` build a fused train

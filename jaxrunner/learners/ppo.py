@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -44,7 +45,8 @@ from jaxrunner.core import chunk as core_chunk
 from jaxrunner.core.carry import Trajectory
 from jaxrunner.core.final_obs import join_stores_across_envs
 from jaxrunner.modules.rl_module import (DEFAULT_MODULE_ID, Deferred, RLModule, RLModuleSpec,
-                                        init_params)
+                                         init_params)
+from jaxrunner.structure import check_same_structure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,6 +387,12 @@ class PPOLearner:
                 num_iterations < 1):
             raise ValueError(f"num_iterations must be an int >= 1, got {num_iterations!r}.")
         acting = sampler.module
+        acting_params = jax.eval_shape(acting.params_for_inference, self._state.like.params)
+        check_same_structure(  # shapes only: nothing is built or compiled
+            sampler.params_like, acting_params,
+            "PPOLearner.make_train: the learner's acting params",
+            hint="Build the learner from this sampler, PPOLearner.from_sampler(sampler): "
+                 "the same env spaces and model config.")
 
         def init(key: jax.Array) -> FusedTrainState:
             learner_key, sampler_key = jax.random.split(key)
@@ -440,10 +448,7 @@ class PPOLearner:
         seed, which compiles faster (`lowering.unroll_for_training`); "unrolled"; "jax"."""
         from jaxrunner.metrics.fused import reduce_sample_metrics
 
-        seed_list = (list(range(self.config.seed, self.config.seed + seeds))
-                     if isinstance(seeds, int) else [int(s) for s in seeds])
-        if not seed_list:
-            raise ValueError("fused_train needs at least one seed.")
+        seed_list = _seed_list(seeds, self.config.seed)
         unrolled = lowering.choose_unrolled(rng_lowering, lowering.unroll_for_training(
             sampler.num_envs, len(seed_list)))
         train = self.make_train(sampler, num_iterations)
@@ -589,6 +594,24 @@ class _ProgressLog:
             f"{'-' if ret is None else f'{ret:.2f}'}  loss {row['total_loss']:.4f}  "
             f"entropy {row['entropy']:.4f}  kl {row['approx_kl']:.5f}  "
             f"clip {row['clip_fraction']:.3f}")
+
+
+def _seed_list(seeds: Any, first: int) -> list[int]:
+    """`fused_train`'s seeds: a count `n >= 1` gives `first ... first + n - 1`; a list
+    (or tuple) of ints is taken as it is. Anything else raises."""
+    def integer(x: Any) -> bool:
+        return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+    if integer(seeds):
+        seed_list = list(range(first, first + int(seeds)))
+    elif isinstance(seeds, (list, tuple)) and all(integer(s) for s in seeds):
+        seed_list = [int(s) for s in seeds]
+    else:
+        raise TypeError(f"fused_train: seeds must be a number of seeds (an int >= 1) or a "
+                        f"list of int seeds, got {seeds!r}.")
+    if not seed_list:
+        raise ValueError("fused_train needs at least one seed.")
+    return seed_list
 
 
 def _as_trajectory(batch: Any) -> Trajectory:

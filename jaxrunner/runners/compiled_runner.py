@@ -367,7 +367,7 @@ class CompiledEnvRunner(EnvRunner):
             self._compiled["sampler"] = Sampler(
                 self, rollout_fns=self._rollout_fns, num_steps=self._chunk_len(),
                 default_key=self._carry_start_key, current_params=lambda: self._params,
-                agent_ids=tuple(getattr(self, "agent_ids", ())))
+                params_like=self._params_like, agent_ids=tuple(getattr(self, "agent_ids", ())))
         return self._compiled["sampler"]
 
     def _carry_start_key(self) -> jax.Array:
