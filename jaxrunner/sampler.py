@@ -201,6 +201,21 @@ def _typed_key(key: Any, what: str) -> jax.Array:
         f"{'' if dtype is None else f' of dtype {dtype}'}.")
 
 
+def _check_num_steps(num_steps: Any, limit: int) -> None:
+    """Raises `ValueError` for a concrete `num_steps` that is not an int in `[0, limit]`
+    (a traced one cannot be checked: above `limit` it takes `limit` steps, below 0 none)."""
+    if num_steps is None or isinstance(num_steps, jax.core.Tracer):
+        return
+    value = np.asarray(num_steps)
+    if (value.shape != () or not np.issubdtype(value.dtype, np.integer)
+            or not 0 <= int(value) <= limit):
+        raise ValueError(
+            f"Sampler.sample: num_steps must be an int in [0, {limit}] (at most T, the "
+            f"sampler's num_steps: rollout_fragment_length), got {num_steps!r}. Take longer "
+            "rollouts with more sample calls (lax.scan over them), or build the sampler "
+            "with a longer rollout_fragment_length.")
+
+
 def _mode(explore: bool, random_actions: bool) -> str:
     if not isinstance(explore, bool) or not isinstance(random_actions, bool):
         raise TypeError(
@@ -392,8 +407,9 @@ class Sampler:
             state: a `SamplerState` (`init`, a previous `sample`, or `from_runner_state`).
             params: the module's inference params (as `runner.get_state()["rl_module"]`).
             env_params: the env's params (default the env's own).
-            num_steps: vector steps to take, a traced int32 `<= T` (default `T`); the steps
-                not taken hold zeros and have `traj.valid == False`.
+            num_steps: vector steps to take, an int in `[0, T]` (default `T`), traced or
+                not (a traced value above `T` takes `T` steps); the steps not taken hold
+                zeros and have `traj.valid == False`.
             explore, random_actions: the policy mode (Python bools, static).
 
         Returns:
@@ -410,6 +426,7 @@ class Sampler:
             raise TypeError("Sampler.sample needs the module's inference params: pass "
                             "sampler.params (the runner's) or your own of the same structure "
                             "(e.g. module.params_for_inference(learner_params)).")
+        _check_num_steps(num_steps, self.num_steps)
         env_params = self._env_params(env_params)
         fns = self.chunk_fns(mode)
         steps = jnp.asarray(self.num_steps if num_steps is None else num_steps, jnp.int32)
@@ -417,7 +434,7 @@ class Sampler:
             carry, lookback, traj, info = self._member_chunk(mode)(
                 state.carry, state.lookback, params, env_params, steps)
         except Exception as error:
-            self._raise_if_mismatched(state, params, error)
+            self._raise_if_mismatched(state, params, env_params, error)
             raise
         must_restart = info.max_consecutive_failures > self._tolerance
         if not self._restart:
@@ -428,12 +445,14 @@ class Sampler:
         metrics = self._metrics(carry, counters, info, state.carry)
         return SamplerState(carry=carry, lookback=lookback, counters=counters), traj, metrics
 
-    def _raise_if_mismatched(self, state: SamplerState, params: Any, error: Exception) -> None:
+    def _raise_if_mismatched(self, state: SamplerState, params: Any, env_params: Any,
+                             error: Exception) -> None:
         """After `sample` failed to trace with `error`: raises `StateStructureError` (from
-        `error`) naming how `state` or `params` differs from what this sampler makes (a
-        state of a sampler with other sub-envs, params of another module); returns when
-        both fit, so that `error` itself propagates. Only this failure path traces the
-        template, so a `sample` that traces pays nothing for the check."""
+        `error`) naming how `state`, `params` or `env_params` differ from what this
+        sampler takes (a state of a sampler with other sub-envs, params of another module,
+        another env's params); returns when all fit, so that `error` itself propagates.
+        Only this failure path traces the template, so a `sample` that traces pays
+        nothing for the check."""
         from jaxrunner.errors import StateStructureError
         from jaxrunner.structure import check_same_structure
 
@@ -443,6 +462,11 @@ class Sampler:
                 hint=f"Pass a state of this sampler ({self!r}): from its init(), sample() or "
                      "from_runner_state(); a state of a sampler with another env, module or "
                      "sub-env count does not fit.")
+            check_same_structure(
+                self.env_params, env_params, "Sampler.sample: env_params", dtypes="ignore",
+                hint=f"Pass params of this sampler's env ({self.env_name!r}): "
+                     "sampler.env_params, or a copy with other values "
+                     "(sampler.env_params.replace(...)).")
         except StateStructureError as mismatch:
             raise mismatch from error
         self._raise_if_params_mismatched("Sampler.sample", params, error)
@@ -519,6 +543,7 @@ class Sampler:
                 lambda s, p, e, n: self.sample(s, p, e, num_steps=n, explore=explore,
                                                random_actions=random_actions),
                 unrolled=self.unrolled_rng, donate_argnums=(0,))
+        _check_num_steps(num_steps, self.num_steps)
         steps = np.int32(self.num_steps if num_steps is None else num_steps)
         return self._jit_sample[mode](state, params, self._env_params(env_params), steps)
 
@@ -650,6 +675,13 @@ class Sampler:
         result runs SPMD over the mesh's devices."""
         from jaxrunner.runners.sharding import shard_carry
 
+        env_devices = dict(mesh.shape).get("env")
+        if env_devices is None or self.num_envs % env_devices:
+            raise ValueError(
+                f"Sampler.shard needs a mesh with an axis named 'env' whose size divides the "
+                f"{self.num_envs} sub-envs, got a mesh of axes {dict(mesh.shape)}: e.g. "
+                "jax.sharding.Mesh(np.array(jax.devices()), ('env',)) with "
+                "num_envs_per_env_runner a multiple of the device count.")
         carry, lookback = shard_carry(state.carry, state.lookback, mesh)
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         counters = jax.tree.map(lambda x: jax.device_put(x, replicated), state.counters)

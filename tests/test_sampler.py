@@ -286,10 +286,11 @@ def test_bad_input__raises_clear_errors(runner):
         local.sampler
 
 
-def test_mismatched_state_key_and_params__name_what_differs_then_sampling_works():
-    """A state of a sampler with other sub-envs, params of another module, a missing
-    params argument and a key that is no key each raise at trace time a clear error that
-    names what differs, vmapped inside a jit too; the sampler then samples as before. A
+def test_mismatched_input__names_what_differs_then_sampling_works():
+    """A state of a sampler with other sub-envs, params of another module, another env's
+    params, a missing params argument, a key that is no key and a step count outside
+    `[0, T]` each raise, at trace time at the latest, a clear error that names what
+    differs, vmapped inside a jit too; the sampler then samples as before. A
     `jax.random.PRNGKey` (raw key data) starts the same state as the typed key."""
     sampler = jaxrunner.make_sampler(make_config(num_envs=2, fragment=4))
     other = jaxrunner.make_sampler(make_config(num_envs=3, fragment=4))
@@ -316,6 +317,17 @@ def test_mismatched_state_key_and_params__name_what_differs_then_sampling_works(
     with pytest.raises(jaxrunner.StateStructureError,
                        match=r"env_runner_carry does not fit .*expected shape \(2,\), got \(3,\)"):
         sampler.from_runner_state(other.runner.get_state(components="all"))
+    pendulum = jaxrunner.make_sampler(make_config("Pendulum-v1", num_envs=2, fragment=4))
+    with pytest.raises(jaxrunner.StateStructureError,
+                       match=r"env_params does not fit .*'CartPole-v1'"):
+        jax.jit(sampler.sample)(state, sampler.params, pendulum.env_params)
+    for steps in (5, -1, 2.5, True):
+        with pytest.raises(ValueError, match=r"num_steps must be an int in \[0, 4\]"):
+            sampler.sample_jit(state, sampler.params, num_steps=steps)
+        with pytest.raises(ValueError, match=r"num_steps must be an int in \[0, 4\]"):
+            sampler.sample(state, sampler.params, num_steps=steps)
+    with pytest.raises(TypeError, match="takes the SampleMetrics that Sampler.sample returns"):
+        reduce_sample_metrics({"num_env_steps": 4})
 
     raw = sampler.init(jax.random.PRNGKey(0))
     assert jax.dtypes.issubdtype(raw.carry.key.dtype, jax.dtypes.prng_key)

@@ -100,6 +100,16 @@ SCRIPT = textwrap.dedent("""
     equal(plain_final, sharded_final)
     a, b = reduce_sample_metrics(plain_metrics), reduce_sample_metrics(metrics)
     jax.tree.map(np.testing.assert_array_equal, a, b)
+
+    # 3. A mesh without an "env" axis, or one whose size does not divide B, is refused.
+    for bad in (Mesh(np.asarray(jax.devices()), ("data",)),
+                Mesh(np.asarray(jax.devices()[:3]), ("env",))):
+        try:
+            sampler.shard(start, bad)
+        except ValueError as error:
+            assert "axis named 'env' whose size divides the 8 sub-envs" in str(error), error
+        else:
+            raise AssertionError(f"a mesh {dict(bad.shape)} was accepted")
     print("OK")
 """)
 

@@ -111,6 +111,12 @@ def reduce_sample_metrics(metrics: Any, *, agent_ids: tuple[str, ...] = (),
         wall-clock keys); for a stack, the same keys with numpy arrays of shape `S` (dict
         valued keys: `{id: array}`), episode keys NaN where no episode had finished.
     """
+    from jaxrunner.sampler import SampleMetrics
+
+    if not isinstance(metrics, SampleMetrics):
+        raise TypeError(
+            f"reduce_sample_metrics takes the SampleMetrics that Sampler.sample returns "
+            f"(one call's, or stacked by lax.scan / jax.vmap), got {type(metrics).__name__}.")
     m = jax.device_get(metrics)
     lead = tuple(np.shape(m.num_env_steps))
     if m.custom_registers is not None and custom_metrics is None:
