@@ -1,8 +1,9 @@
-"""The `jaxrunner` command line: `sample`, `envs` and `bench`.
+"""The `jaxrunner` command line: `sample`, `train`, `envs` and `bench`.
 
     jaxrunner sample --env CartPole-v1 --num-envs 1024 --timesteps 1000000
     jaxrunner sample --env CartPole-v1 --num-envs 256 --runners 2 --timesteps 1000000
     jaxrunner sample --env TicTacToe-v0 --num-envs 256 --timesteps 100000
+    jaxrunner train --env CartPole-v1 --seeds 8 --iterations 150 --plot returns.png
     jaxrunner envs                                # full ids; --json for a JSON list
     jaxrunner bench --num-envs 1024 4096          # writes throughput.json and .png
 
@@ -43,6 +44,24 @@ def _int_at_least(minimum: int, what: str):
 
 _positive_int = _int_at_least(1, "a positive integer")
 _nonnegative_int = _int_at_least(0, "an integer >= 0")
+
+
+def _float_in(low: float, high: float, what: str, *, open_low: bool = False):
+    """An argparse type: a finite float in `[low, high]` (`(low, high]` with `open_low`)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not (low < value if open_low else low <= value) or not (
+                value <= high):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+    return parse
+
+
+_positive_float = _float_in(0.0, float("1e30"), "a positive number", open_low=True)
+_unit_float = _float_in(0.0, 1.0, "a number in [0, 1]")
 
 
 def _hiddens(text: str) -> list[int]:
@@ -109,6 +128,44 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write RLlib's metrics after every sample() call to DIR as "
                              "TensorBoard event files and metrics.jsonl (x axis: lifetime "
                              "env steps); the printed metrics are then the last call's")
+
+    train = sub.add_parser(
+        "train", formatter_class=_DefaultsFormatter,
+        help="train the reference PPO on several seeds at once, in one compiled program",
+        description="Trains the reference PPO (PPOLearner.fused_train) on --seeds seeds at "
+                    "once: each seed's sampler rollouts and updates run inside one jax.jit, "
+                    "vmapped over the seeds, with no host round trip per iteration. Prints "
+                    "each seed's episode_return_mean (RLlib's mean over the last 100 "
+                    "episodes) at the end; --plot draws the curves, --json prints them.")
+    train.add_argument("--env", default="CartPole-v1",
+                       help="a single-agent JAX env id (`jaxrunner envs` lists them)")
+    train.add_argument("--seeds", type=_positive_int, default=4,
+                       help="seeds trained at once: --seed, --seed + 1, ...")
+    train.add_argument("--iterations", type=_positive_int, default=150,
+                       help="PPO iterations per seed (one rollout and one update each)")
+    train.add_argument("--num-envs", type=_positive_int, default=16, help="sub-envs per seed")
+    train.add_argument("--fragment", type=_positive_int, default=64,
+                       help="steps per sub-env per iteration (rollout_fragment_length)")
+    train.add_argument("--seed", type=_nonnegative_int, default=0, help="the first seed")
+    train.add_argument("--hiddens", type=_hiddens, default="64,64",
+                       help="MLP layer widths (policy and value networks)")
+    train.add_argument("--activation", choices=("tanh", "relu"), default="tanh",
+                       help="the MLPs' activation")
+    train.add_argument("--lr", type=_positive_float, default=2.5e-4, help="Adam's step size")
+    train.add_argument("--gamma", type=_unit_float, default=0.99, help="discount")
+    train.add_argument("--gae-lambda", type=_unit_float, default=0.95, help="GAE's lambda")
+    train.add_argument("--epochs", type=_positive_int, default=4,
+                       help="passes over each iteration's batch")
+    train.add_argument("--minibatches", type=_positive_int, default=4,
+                       help="minibatches per epoch")
+    train.add_argument("--ent-coef", type=_float_in(0.0, 1e30, "a number >= 0"),
+                       default=0.01, help="entropy bonus coefficient")
+    train.add_argument("--reward-scale", type=_positive_float, default=1.0,
+                       help="rewards are multiplied by this before GAE (0.1 for Pendulum)")
+    train.add_argument("--json", action="store_true",
+                       help="print the summary and the per-iteration curves as JSON")
+    train.add_argument("--plot", metavar="PNG", default=None,
+                       help="write the return curves of every seed to this PNG")
 
     envs = sub.add_parser("envs", formatter_class=_DefaultsFormatter,
                           help="list every env id jaxrunner can run, with its spaces")
@@ -288,6 +345,118 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         out.print(_metrics_table({k: v for k, v in summary.items() if v is not None},
                                  title="run summary"))
         out.print(_metrics_table(metrics))
+    return 0
+
+
+def _finite_or_none(values: Any) -> list:
+    """A float array as a JSON-ready list: NaN (no episode finished yet) as None."""
+    import numpy as np
+
+    array = np.asarray(values, dtype=float)
+    return [None if not np.isfinite(v) else float(v) for v in array.reshape(-1)]
+
+
+def plot_returns(curves: dict[str, Any], path: str, title: str) -> None:
+    """`episode_return_mean` against env steps sampled, one line per seed, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for seed, steps, returns in zip(curves["seeds"], curves["env_steps"],
+                                    curves["episode_return_mean"]):
+        ax.plot(steps, [float("nan") if r is None else r for r in returns],
+                label=f"seed {seed}", linewidth=1.2)
+    ax.set_xlabel("env steps sampled (per seed)")
+    ax.set_ylabel("episode_return_mean (last 100 episodes)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import numpy as np
+    from rich.console import Console
+
+    import jaxrunner
+    from jaxrunner.envs.kind import MULTI_AGENT
+    from jaxrunner.learners import PPOConfig, PPOLearner
+    from jaxrunner.runners.selection import env_kind
+
+    if args.plot is not None:
+        _check_writable(args.plot, "--plot")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("writing the plot needs matplotlib "
+                             "(pip install 'jaxrunner[bench]')") from None
+    try:
+        config = (jaxrunner.RunnerConfig().environment(args.env)
+                  .env_runners(num_envs_per_env_runner=args.num_envs,
+                               rollout_fragment_length=args.fragment)
+                  .rl_module(model_config={"fcnet_hiddens": args.hiddens,
+                                           "fcnet_activation": args.activation})
+                  .debugging(seed=args.seed))
+        if env_kind(config) == MULTI_AGENT:
+            raise UsageError(f"--env {args.env!r} is a multi-agent env; the reference PPO "
+                             "trains single-agent envs (`jaxrunner envs` shows each kind)")
+        ppo = PPOConfig(learning_rate=args.lr, gamma=args.gamma, gae_lambda=args.gae_lambda,
+                        ent_coef=args.ent_coef, num_epochs=args.epochs,
+                        num_minibatches=args.minibatches, reward_scale=args.reward_scale,
+                        seed=args.seed)
+        sampler = jaxrunner.make_sampler(config)
+        learner = PPOLearner.from_sampler(sampler, ppo)
+        learner.make_train(sampler, args.iterations)  # checks the sizes; compiles nothing
+    except (ValueError, TypeError) as error:
+        raise UsageError(str(error).splitlines()[0]) from error
+    console = Console(stderr=True)
+    if not args.json:
+        console.print(f"training {args.seeds} seed(s) of PPO on {args.env} for "
+                      f"{args.iterations} iterations in one compiled program ...")
+    run = learner.fused_train(sampler, args.iterations, seeds=args.seeds)
+    metrics = run["metrics"]
+    env_steps = np.asarray(metrics["num_env_steps_sampled_lifetime"])  # (S, I)
+    returns = np.asarray(metrics["episode_return_mean"], dtype=float)
+    episodes = np.asarray(metrics["num_episodes_lifetime"])
+    total_steps = int(env_steps[:, -1].sum())
+    summary = {"env": args.env, "seeds": len(run["seeds"]), "iterations": args.iterations,
+               "env_steps_per_seed": int(env_steps[0, -1]),
+               "wall_s (incl. compile)": run["time_s"],
+               "env_steps_per_s (all seeds, incl. compile)": total_steps / run["time_s"]}
+    curves = {"seeds": run["seeds"],
+              "env_steps": [[int(v) for v in row] for row in env_steps],
+              "episode_return_mean": [_finite_or_none(row) for row in returns]}
+    if args.plot is not None:
+        plot_returns(curves, args.plot, f"PPO on {args.env}: {len(run['seeds'])} seeds, "
+                     f"{args.num_envs} sub-envs x {args.fragment} steps per iteration")
+    per_seed = []
+    for i, seed in enumerate(run["seeds"]):
+        finite = returns[i][np.isfinite(returns[i])]  # NaN until an episode has finished
+        per_seed.append({"seed": seed,
+                         "episode_return_mean": _finite_or_none(returns[i, -1:])[0],
+                         "best_episode_return_mean": float(finite.max()) if finite.size
+                         else None,
+                         "episodes": int(episodes[i, -1])})
+    if args.json:
+        print(json.dumps({"summary": summary, "per_seed": per_seed, "curves": curves},
+                         indent=1))
+        return 0
+    from rich.table import Table
+
+    out = Console()
+    out.print(_metrics_table(summary, title="run summary"))
+    table = Table(title="each seed at the end (episode_return_mean: last 100 episodes)")
+    for column in ("seed", "episode_return_mean", "best_episode_return_mean", "episodes"):
+        table.add_column(column, justify="right")
+    for row in per_seed:
+        table.add_row(*("n/a" if row[c] is None else _fmt(row[c]) for c in row))
+    out.print(table)
+    if args.plot is not None:
+        out.print(f"wrote {args.plot}")
     return 0
 
 
@@ -500,7 +669,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    commands = {"sample": _cmd_sample, "envs": _cmd_envs, "bench": _cmd_bench}
+    commands = {"sample": _cmd_sample, "train": _cmd_train, "envs": _cmd_envs,
+                "bench": _cmd_bench}
     try:
         return commands[args.command](args)
     except UsageError as error:

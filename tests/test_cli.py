@@ -1,5 +1,6 @@
 """The `jaxrunner` command: bad arguments exit 2 with one line; `sample` (also over Ray
-runners) and `bench` (JSON + PNG) at tiny sizes."""
+runners), `train` (JSON + PNG, the values `fused_train` computes) and `bench` (JSON +
+PNG) at tiny sizes."""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ def _run(argv, capsys) -> tuple[int, str, str]:
     ["sample", "--hiddens", "a,b"],
     ["sample", "--seed", "-1", "--timesteps", "4", "--num-envs", "2"],
     ["sample", "--env", "NoSuchEnv-v0", "--timesteps", "4", "--num-envs", "2"],
+    ["train", "--seeds", "0"],
+    ["train", "--lr", "-1"],
+    ["train", "--gamma", "1.5"],
+    ["train", "--ent-coef", "nan"],
+    ["train", "--activation", "gelu"],
+    ["train", "--plot", "/"],
+    ["train", "--env", "NoSuchEnv-v0", "--iterations", "1"],
+    ["train", "--env", "TicTacToe-v0", "--iterations", "1"],
+    ["train", "--env", "gymnasium:CartPole-v1", "--iterations", "1"],
+    ["train", "--minibatches", "64", "--num-envs", "2", "--fragment", "4"],
     ["bench", "--num-envs", "x"],
     ["bench", "--output", "/no/such/directory/out.json"],
     ["bench", "--plot", "/"],
@@ -81,6 +92,44 @@ def test_cli__bench_writes_json_and_png(tmp_path, capsys):
     assert f"{case['ratio_to_bare_scan']['jaxrunner']:.3f}" in out and "best round" in out
 
 
+def test_cli__train_reports_what_fused_train_computes_and_plots_it(tmp_path, capsys):
+    """`jaxrunner train --json` reports, per seed and iteration, the metrics
+    `PPOLearner.fused_train` returns for the same config (the same program: the same
+    values), and `--plot` writes a PNG."""
+    import numpy as np
+
+    import jaxrunner
+    from jaxrunner.learners import PPOConfig, PPOLearner
+
+    png = tmp_path / "returns.png"
+    code, out, err = _run(["train", "--seeds", "2", "--seed", "3", "--iterations", "3",
+                           "--num-envs", "2", "--fragment", "16", "--hiddens", "8",
+                           "--epochs", "1", "--minibatches", "2", "--lr", "1e-3",
+                           "--json", "--plot", str(png)], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["summary"]["seeds"] == 2 and report["summary"]["env_steps_per_seed"] == 96
+    curves = report["curves"]
+    assert curves["seeds"] == [3, 4]
+    assert curves["env_steps"] == [[32, 64, 96], [32, 64, 96]]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    config = (jaxrunner.RunnerConfig().environment("CartPole-v1")
+              .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=16)
+              .rl_module(model_config={"fcnet_hiddens": [8], "fcnet_activation": "tanh"})
+              .debugging(seed=3))
+    sampler = jaxrunner.make_sampler(config)
+    learner = PPOLearner.from_sampler(sampler, PPOConfig(
+        learning_rate=1e-3, num_epochs=1, num_minibatches=2, seed=3))
+    direct = learner.fused_train(sampler, 3, seeds=2)["metrics"]
+    expected = [[None if np.isnan(v) else float(v) for v in row]
+                for row in np.asarray(direct["episode_return_mean"], dtype=float)]
+    assert curves["episode_return_mean"] == expected
+    assert any(v is not None for row in expected for v in row)  # episodes ended
+    assert [row["episodes"] for row in report["per_seed"]] == [
+        int(v) for v in np.asarray(direct["num_episodes_lifetime"])[:, -1]]
+
+
 # ---------------------------------------------------------------------- envs, help, bench
 def test_cli__envs_piped_prints_every_full_id(capsys):
     from jaxrunner.envs import gymnax_env_ids
@@ -111,6 +160,8 @@ def test_cli__envs_json(capsys):
 @pytest.mark.parametrize("command, expected", [
     ("sample", ["(default: CartPole-v1)", "(default: 1024)", "(default: 200)",
                 "(default: 0)", "(default: 64,64)"]),
+    ("train", ["(default: CartPole-v1)", "(default: 4)", "(default: 150)", "(default: 16)",
+               "(default: 64)", "(default: 0.00025)", "(default: tanh)"]),
     ("bench", ["(default: CartPole-v1)", "(default: 1024 4096)", "(default: 128)",
                "(default: 10)", "(default: throughput.json)"]),
 ])

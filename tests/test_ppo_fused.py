@@ -112,9 +112,9 @@ def test_fused_train__either_rng_lowering_gives_the_same_episodes():
 
 
 def test_fused_train__refuses_a_learner_of_another_sampler_and_bad_seeds(compile_counter):
-    """A learner built for another env or model config, and seeds that are neither a count
-    nor a list of ints, are refused before anything compiles, with what differs; the
-    learner then trains on its own sampler."""
+    """A learner built for another env or model config, seeds that are neither a count nor
+    a list of ints and more minibatches than steps in an iteration are refused before
+    anything compiles, with what differs; the learner then trains on its own sampler."""
     config = make_config(num_envs=2, fragment=8, hiddens=(8,), seed=1)
     sampler = jaxrunner.make_sampler(config)
     learner = PPOLearner.from_sampler(sampler, PPOConfig(num_epochs=1, num_minibatches=2))
@@ -133,6 +133,10 @@ def test_fused_train__refuses_a_learner_of_another_sampler_and_bad_seeds(compile
             learner.fused_train(sampler, 1, seeds=seeds)
     with pytest.raises(ValueError, match="at least one seed"):
         learner.fused_train(sampler, 1, seeds=[])
+    too_many = PPOLearner.from_sampler(sampler, PPOConfig(num_epochs=1, num_minibatches=32))
+    with pytest.raises(ValueError, match=r"num_minibatches \(32\) is larger than the batch "
+                                         r"of 16 steps"):
+        too_many.fused_train(sampler, 1)
     assert compile_counter.count == 0
     run = learner.fused_train(sampler, 1, seeds=(1, np.int64(2)))
     assert run["seeds"] == [1, 2]

@@ -332,6 +332,7 @@ class PPOLearner:
             logp=flat(traj.extra_model_outputs["action_logp"]),
             advantages=flat(advantages), targets=flat(targets),
             weight=flat(valid.astype(jnp.float32)))
+        _check_minibatches(cfg, num_steps, num_envs)
         minibatch = n // cfg.num_minibatches  # rows left over are skipped (reshuffled each epoch)
 
         def minibatch_step(carry, sample):
@@ -386,6 +387,7 @@ class PPOLearner:
         if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or (
                 num_iterations < 1):
             raise ValueError(f"num_iterations must be an int >= 1, got {num_iterations!r}.")
+        _check_minibatches(self.config, sampler.num_steps, sampler.num_envs)
         acting = sampler.module
         acting_params = jax.eval_shape(acting.params_for_inference, self._state.like.params)
         check_same_structure(  # shapes only: nothing is built or compiled
@@ -594,6 +596,17 @@ class _ProgressLog:
             f"{'-' if ret is None else f'{ret:.2f}'}  loss {row['total_loss']:.4f}  "
             f"entropy {row['entropy']:.4f}  kl {row['approx_kl']:.5f}  "
             f"clip {row['clip_fraction']:.3f}")
+
+
+def _check_minibatches(config: PPOConfig, num_steps: int, num_envs: int) -> None:
+    """Raises `ValueError` if `config.num_minibatches` exceeds the `num_steps x num_envs`
+    steps of an update's batch (every minibatch would be empty)."""
+    if config.num_minibatches > num_steps * num_envs:
+        raise ValueError(
+            f"PPOConfig.num_minibatches ({config.num_minibatches}) is larger than the batch "
+            f"of {num_steps * num_envs} steps ({num_steps} steps x {num_envs} sub-envs): "
+            "every minibatch would be empty. Use fewer minibatches, or more sub-envs or "
+            "steps per iteration.")
 
 
 def _seed_list(seeds: Any, first: int) -> list[int]:
