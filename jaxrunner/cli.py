@@ -60,7 +60,8 @@ def _float_in(low: float, high: float, what: str, *, open_low: bool = False):
     return parse
 
 
-_positive_float = _float_in(0.0, float("1e30"), "a positive number", open_low=True)
+_positive_float = _float_in(0.0, 1e30, "a positive number", open_low=True)
+_nonnegative_float = _float_in(0.0, 1e30, "a number >= 0")
 _unit_float = _float_in(0.0, 1.0, "a number in [0, 1]")
 
 
@@ -158,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="passes over each iteration's batch")
     train.add_argument("--minibatches", type=_positive_int, default=4,
                        help="minibatches per epoch")
-    train.add_argument("--ent-coef", type=_float_in(0.0, 1e30, "a number >= 0"),
-                       default=0.01, help="entropy bonus coefficient")
+    train.add_argument("--ent-coef", type=_nonnegative_float, default=0.01,
+                       help="entropy bonus coefficient")
     train.add_argument("--reward-scale", type=_positive_float, default=1.0,
                        help="rewards are multiplied by this before GAE (0.1 for Pendulum)")
     train.add_argument("--json", action="store_true",
