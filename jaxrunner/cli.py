@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "TensorBoard event files and metrics.jsonl (x axis: lifetime "
                              "env steps); the printed metrics are then the last call's")
 
+    from jaxrunner.learners.ppo import PPOConfig
+
+    ppo = PPOConfig()  # the hyperparameters' defaults are the reference PPO's
     train = sub.add_parser(
         "train", formatter_class=_DefaultsFormatter,
         help="train the reference PPO on several seeds at once, in one compiled program",
@@ -152,16 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="MLP layer widths (policy and value networks)")
     train.add_argument("--activation", choices=("tanh", "relu"), default="tanh",
                        help="the MLPs' activation")
-    train.add_argument("--lr", type=_positive_float, default=2.5e-4, help="Adam's step size")
-    train.add_argument("--gamma", type=_unit_float, default=0.99, help="discount")
-    train.add_argument("--gae-lambda", type=_unit_float, default=0.95, help="GAE's lambda")
-    train.add_argument("--epochs", type=_positive_int, default=4,
+    train.add_argument("--lr", type=_positive_float, default=ppo.learning_rate,
+                       help="Adam's step size")
+    train.add_argument("--gamma", type=_unit_float, default=ppo.gamma, help="discount")
+    train.add_argument("--gae-lambda", type=_unit_float, default=ppo.gae_lambda,
+                       help="GAE's lambda")
+    train.add_argument("--epochs", type=_positive_int, default=ppo.num_epochs,
                        help="passes over each iteration's batch")
-    train.add_argument("--minibatches", type=_positive_int, default=4,
+    train.add_argument("--minibatches", type=_positive_int, default=ppo.num_minibatches,
                        help="minibatches per epoch")
-    train.add_argument("--ent-coef", type=_nonnegative_float, default=0.01,
+    train.add_argument("--ent-coef", type=_nonnegative_float, default=ppo.ent_coef,
                        help="entropy bonus coefficient")
-    train.add_argument("--reward-scale", type=_positive_float, default=1.0,
+    train.add_argument("--reward-scale", type=_positive_float, default=ppo.reward_scale,
                        help="rewards are multiplied by this before GAE (0.1 for Pendulum)")
     train.add_argument("--json", action="store_true",
                        help="print the summary and the per-iteration curves as JSON")
@@ -384,17 +389,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     import jaxrunner
-    from jaxrunner.envs.kind import MULTI_AGENT
     from jaxrunner.learners import PPOConfig, PPOLearner
-    from jaxrunner.runners.selection import env_kind
 
     if args.plot is not None:
-        _check_writable(args.plot, "--plot")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UsageError("writing the plot needs matplotlib "
-                             "(pip install 'jaxrunner[bench]')") from None
+        _check_plot_path(args.plot)
     try:
         config = (jaxrunner.RunnerConfig().environment(args.env)
                   .env_runners(num_envs_per_env_runner=args.num_envs,
@@ -402,9 +400,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
                   .rl_module(model_config={"fcnet_hiddens": args.hiddens,
                                            "fcnet_activation": args.activation})
                   .debugging(seed=args.seed))
-        if env_kind(config) == MULTI_AGENT:
-            raise UsageError(f"--env {args.env!r} is a multi-agent env; the reference PPO "
-                             "trains single-agent envs (`jaxrunner envs` shows each kind)")
         ppo = PPOConfig(learning_rate=args.lr, gamma=args.gamma, gae_lambda=args.gae_lambda,
                         ent_coef=args.ent_coef, num_epochs=args.epochs,
                         num_minibatches=args.minibatches, reward_scale=args.reward_scale,
@@ -580,6 +575,16 @@ def _check_writable(path: str, what: str) -> None:
         raise UsageError(f"cannot write {what} {path!r}: directory {directory!r} is not writable")
 
 
+def _check_plot_path(path: str) -> None:
+    """A `--plot` that cannot be written (or no matplotlib to draw it) is a bad argument."""
+    _check_writable(path, "--plot")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("writing the plot needs matplotlib (pip install 'jaxrunner[bench]')"
+                         ) from None
+
+
 def plot_throughput(results: dict[str, Any], path: str) -> None:
     """Env steps/s against num_envs (log-log), one line per sampler, as a PNG."""
     import matplotlib
@@ -616,12 +621,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     plot = args.plot or os.path.splitext(args.output)[0] + ".png"
     _check_writable(args.output, "--output")
-    _check_writable(plot, "--plot")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError("writing the plot needs matplotlib (pip install 'jaxrunner[bench]')"
-                         ) from None
+    _check_plot_path(plot)
     results: dict[str, Any] | None = None
     for num_envs in args.num_envs:  # one case at a time, reported as soon as it is measured
         try:

@@ -216,6 +216,21 @@ def _check_num_steps(num_steps: Any, limit: int) -> None:
             "with a longer rollout_fragment_length.")
 
 
+def _first_mismatch(*checks: tuple) -> Exception | None:
+    """The `StateStructureError` of the first `(expected, given, what, hint, dtypes)`
+    check whose `given` does not fit `expected` (`structure.check_same_structure`), or
+    None when all fit: a failed trace is explained by the input it was given."""
+    from jaxrunner.errors import StateStructureError
+    from jaxrunner.structure import check_same_structure
+
+    for expected, given, what, hint, dtypes in checks:
+        try:
+            check_same_structure(expected, given, what, dtypes=dtypes, hint=hint)
+        except StateStructureError as mismatch:
+            return mismatch
+    return None
+
+
 def _mode(explore: bool, random_actions: bool) -> str:
     if not isinstance(explore, bool) or not isinstance(random_actions, bool):
         raise TypeError(
@@ -381,8 +396,11 @@ class Sampler:
         try:
             carry = fns.init_carry(key, params, env_params)
         except Exception as error:
-            self._raise_if_params_mismatched("Sampler.init", params, error)
-            raise
+            mismatch = _first_mismatch(self._params_check("Sampler.init", params),
+                                       self._env_params_check("Sampler.init", env_params))
+            if mismatch is None:
+                raise
+            raise mismatch from error
         lookback = fns.init_lookback(carry, params, env_params)
         return SamplerState(carry=carry, lookback=lookback,
                             counters=SamplerCounters.zeros(len(self.agent_ids),
@@ -434,8 +452,18 @@ class Sampler:
             carry, lookback, traj, info = self._member_chunk(mode)(
                 state.carry, state.lookback, params, env_params, steps)
         except Exception as error:
-            self._raise_if_mismatched(state, params, env_params, error)
-            raise
+            # Only this failure path traces the template, so a `sample` that traces pays
+            # nothing for the checks.
+            mismatch = _first_mismatch(
+                (self._state_shapes(), state, "Sampler.sample: the state",
+                 f"Pass a state of this sampler ({self!r}): from its init(), sample() or "
+                 "from_runner_state(); a state of a sampler with another env, module or "
+                 "sub-env count does not fit.", "same_kind"),
+                self._env_params_check("Sampler.sample", env_params),
+                self._params_check("Sampler.sample", params))
+            if mismatch is None:
+                raise
+            raise mismatch from error
         must_restart = info.max_consecutive_failures > self._tolerance
         if not self._restart:
             must_restart = must_restart | (info.num_failures > 0)
@@ -445,46 +473,23 @@ class Sampler:
         metrics = self._metrics(carry, counters, info, state.carry)
         return SamplerState(carry=carry, lookback=lookback, counters=counters), traj, metrics
 
-    def _raise_if_mismatched(self, state: SamplerState, params: Any, env_params: Any,
-                             error: Exception) -> None:
-        """After `sample` failed to trace with `error`: raises `StateStructureError` (from
-        `error`) naming how `state`, `params` or `env_params` differ from what this
-        sampler takes (a state of a sampler with other sub-envs, params of another module,
-        another env's params); returns when all fit, so that `error` itself propagates.
-        Only this failure path traces the template, so a `sample` that traces pays
-        nothing for the check."""
-        from jaxrunner.errors import StateStructureError
-        from jaxrunner.structure import check_same_structure
+    def _state_shapes(self) -> SamplerState:
+        """The `jax.ShapeDtypeStruct` tree of this sampler's state (builds no params)."""
+        return jax.eval_shape(self.init, self.default_key, self.params_like)
 
-        try:
-            check_same_structure(
-                jax.eval_shape(self.init, self.default_key), state, "Sampler.sample: the state",
-                hint=f"Pass a state of this sampler ({self!r}): from its init(), sample() or "
-                     "from_runner_state(); a state of a sampler with another env, module or "
-                     "sub-env count does not fit.")
-            check_same_structure(
-                self.env_params, env_params, "Sampler.sample: env_params", dtypes="ignore",
-                hint=f"Pass params of this sampler's env ({self.env_name!r}): "
-                     "sampler.env_params, or a copy with other values "
-                     "(sampler.env_params.replace(...)).")
-        except StateStructureError as mismatch:
-            raise mismatch from error
-        self._raise_if_params_mismatched("Sampler.sample", params, error)
+    def _params_check(self, where: str, params: Any) -> tuple:
+        """A `_first_mismatch` check of `params` against this sampler's module."""
+        return (self.params_like, params, f"{where}: params",
+                "Pass the module's inference params: sampler.params, or your own of the "
+                "same structure (a learner built by PPOLearner.from_sampler(sampler) gives "
+                "them by module.params_for_inference(learner_params)).", "same_kind")
 
-    def _raise_if_params_mismatched(self, where: str, params: Any, error: Exception) -> None:
-        """Raises `StateStructureError` (from `error`) if `params` do not fit this sampler's
-        module (`params_like`); returns when they do."""
-        from jaxrunner.errors import StateStructureError
-        from jaxrunner.structure import check_same_structure
-
-        try:
-            check_same_structure(
-                self.params_like, params, f"{where}: params",
-                hint="Pass the module's inference params: sampler.params, or your own of the "
-                     "same structure (a learner built by PPOLearner.from_sampler(sampler) "
-                     "gives them by module.params_for_inference(learner_params)).")
-        except StateStructureError as mismatch:
-            raise mismatch from error
+    def _env_params_check(self, where: str, env_params: Any) -> tuple:
+        """A `_first_mismatch` check of `env_params` against this sampler's env (structure
+        and shapes; values and dtypes may differ)."""
+        return (self.env_params, env_params, f"{where}: env_params",
+                f"Pass params of this sampler's env ({self.env_name!r}): sampler.env_params, "
+                "or a copy with other values (sampler.env_params.replace(...)).", "ignore")
 
     def _count(self, c: SamplerCounters, info: Any) -> SamplerCounters:
         steps = info.num_steps.astype(jnp.uint32)
@@ -617,7 +622,7 @@ class Sampler:
                 "runner.get_state(components='all') (or components=['env_runner_carry']).")
         from jaxrunner.runners.compiled_runner import STATE_HINT, keys_to_data
 
-        template = jax.eval_shape(self.init, self.default_key)
+        template = self._state_shapes()
         check_same_structure(  # keys are stored as their raw data
             jax.eval_shape(keys_to_data, {"carry": template.carry, "lookback": template.lookback}),
             {"carry": saved["carry"], "lookback": saved["lookback"]},

@@ -92,6 +92,12 @@ def test_cli__bench_writes_json_and_png(tmp_path, capsys):
     assert f"{case['ratio_to_bare_scan']['jaxrunner']:.3f}" in out and "best round" in out
 
 
+def test_cli__train_refuses_a_multi_agent_env_as_one(capsys):
+    code, _, err = _run(["train", "--env", "TicTacToe-v0", "--iterations", "1"], capsys)
+    assert code == 2
+    assert "trains one single-agent module" in err and "multi-agent env" in err, err
+
+
 def test_cli__train_reports_what_fused_train_computes_and_plots_it(tmp_path, capsys):
     """`jaxrunner train --json` reports, per seed and iteration, the metrics
     `PPOLearner.fused_train` returns for the same config (the same program: the same

@@ -112,9 +112,10 @@ def test_fused_train__either_rng_lowering_gives_the_same_episodes():
 
 
 def test_fused_train__refuses_a_learner_of_another_sampler_and_bad_seeds(compile_counter):
-    """A learner built for another env or model config, seeds that are neither a count nor
-    a list of ints and more minibatches than steps in an iteration are refused before
-    anything compiles, with what differs; the learner then trains on its own sampler."""
+    """A learner built for another env or model config (or for a multi-agent sampler),
+    seeds that are neither a count nor a list of ints and more minibatches than steps in an
+    iteration are refused before anything compiles, with what differs; the learner then
+    trains on its own sampler."""
     config = make_config(num_envs=2, fragment=8, hiddens=(8,), seed=1)
     sampler = jaxrunner.make_sampler(config)
     learner = PPOLearner.from_sampler(sampler, PPOConfig(num_epochs=1, num_minibatches=2))
@@ -128,6 +129,14 @@ def test_fused_train__refuses_a_learner_of_another_sampler_and_bad_seeds(compile
         learner.fused_train(pendulum, 1)
     with pytest.raises(jaxrunner.StateStructureError, match=r"expected shape \(16,\), got \(8,\)"):
         learner.make_train(wider, 1)
+    tictactoe = jaxrunner.make_sampler(
+        jaxrunner.RunnerConfig().environment("TicTacToe-v0")
+        .env_runners(num_envs_per_env_runner=2, rollout_fragment_length=6, max_chunk_length=6)
+        .rl_module(model_config={"fcnet_hiddens": [8]})
+        .multi_agent(policies={"main"}, policy_mapping_fn=lambda agent, episode: "main"))
+    with pytest.raises(ValueError, match=r"one single-agent module, but MultiAgentEnvRunner "
+                                         r"has the modules \['main'\]"):
+        PPOLearner.from_sampler(tictactoe)
     for seeds in (2.5, ["a"], [1, True], None):
         with pytest.raises(TypeError, match="seeds must be a number of seeds"):
             learner.fused_train(sampler, 1, seeds=seeds)

@@ -229,6 +229,12 @@ class PPOLearner:
         runner_config = runner.config
         source = getattr(runner, "local_env_runner", runner)  # a group: its local runner
         spaces = source.get_spaces()
+        if getattr(source, "agent_ids", ()) or DEFAULT_MODULE_ID not in spaces:
+            raise ValueError(
+                f"PPOLearner trains one single-agent module, but {type(source).__name__} "
+                f"has the modules {sorted(k for k in spaces if not k.startswith('__'))} "
+                "(a multi-agent env). Use a single-agent env, or train each module with a "
+                "learner of your own over the sampler's MultiAgentTrajectory.")
         obs_space, act_space = spaces[DEFAULT_MODULE_ID]
         env_obs_space = spaces.get("__env_single__", (obs_space,))[0]
         if runner_config.env_to_module_connector is not None or env_obs_space != obs_space:
