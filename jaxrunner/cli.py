@@ -121,10 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--no-explore", action="store_true", help="take greedy actions")
     sample.add_argument("--json", action="store_true",
                         help="print the final metrics as JSON (no progress bar)")
-    sample.add_argument("--compile-cache", metavar="DIR", nargs="?", const="",
-                        default=None,
-                        help="keep compiled programs in DIR (~/.cache/jaxrunner/xla if "
-                             "given without DIR) so the next run starts without compiling")
+    _add_compile_cache_option(sample)
     sample.add_argument("--logdir", metavar="DIR", default=None,
                         help="write RLlib's metrics after every sample() call to DIR as "
                              "TensorBoard event files and metrics.jsonl (x axis: lifetime "
@@ -170,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="rewards are multiplied by this before GAE (0.1 for Pendulum)")
     train.add_argument("--json", action="store_true",
                        help="print the summary and the per-iteration curves as JSON")
+    _add_compile_cache_option(train)
     train.add_argument("--plot", metavar="PNG", default=None,
                        help="write the return curves of every seed to this PNG")
 
@@ -253,13 +251,32 @@ def _make_config(args: argparse.Namespace):
     return config
 
 
+def _add_compile_cache_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compile-cache", metavar="DIR", nargs="?", const="", default=None,
+                        help="keep compiled programs in DIR (~/.cache/jaxrunner/xla if "
+                             "given without DIR) so the next run of the same sizes starts "
+                             "without compiling")
+
+
+def _enable_compile_cache(args: argparse.Namespace) -> None:
+    """`--compile-cache`: JAX's persistent compilation cache (`enable_compilation_cache`);
+    a directory it cannot use is a usage error."""
+    if args.compile_cache is None:
+        return
+    import jaxrunner
+
+    try:
+        jaxrunner.enable_compilation_cache(args.compile_cache or None)
+    except (ValueError, OSError) as error:
+        raise UsageError(f"--compile-cache: {error}") from error
+
+
 def _make_sampler(args: argparse.Namespace):
     """The runner class for the env (`runner_class_for`), or an `EnvRunnerGroup` with
     `--runners` remote runners."""
     import jaxrunner
 
-    if args.compile_cache is not None:
-        jaxrunner.enable_compilation_cache(args.compile_cache or None)
+    _enable_compile_cache(args)
     config = _make_config(args)
     if not args.runners:
         return jaxrunner.runner_class_for(config)(config=config)
@@ -393,6 +410,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     if args.plot is not None:
         _check_plot_path(args.plot)
+    _enable_compile_cache(args)
     try:
         config = (jaxrunner.RunnerConfig().environment(args.env)
                   .env_runners(num_envs_per_env_runner=args.num_envs,
