@@ -63,6 +63,7 @@ def _float_in(low: float, high: float, what: str, *, open_low: bool = False):
 _positive_float = _float_in(0.0, 1e30, "a positive number", open_low=True)
 _nonnegative_float = _float_in(0.0, 1e30, "a number >= 0")
 _unit_float = _float_in(0.0, 1.0, "a number in [0, 1]")
+_finite_float = _float_in(-1e30, 1e30, "a finite number")
 
 
 def _hiddens(text: str) -> list[int]:
@@ -144,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seeds trained at once: --seed, --seed + 1, ...")
     train.add_argument("--iterations", type=_positive_int, default=150,
                        help="PPO iterations per seed (one rollout and one update each)")
+    train.add_argument("--target-return", type=_finite_float, default=None, metavar="R",
+                       help="stop each seed after the first iteration whose "
+                            "episode_return_mean reaches R (at most --iterations)")
     train.add_argument("--num-envs", type=_positive_int, default=16, help="sub-envs per seed")
     train.add_argument("--fragment", type=_positive_int, default=64,
                        help="steps per sub-env per iteration (rollout_fragment_length)")
@@ -431,14 +435,25 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if not args.json:
         console.print(f"training {args.seeds} seed(s) of PPO on {args.env} for "
                       f"{args.iterations} iterations in one compiled program ...")
-    run = learner.fused_train(sampler, args.iterations, seeds=args.seeds)
+    run = learner.fused_train(sampler, args.iterations, seeds=args.seeds,
+                              target_return=args.target_return)
     metrics = run["metrics"]
-    env_steps = np.asarray(metrics["num_env_steps_sampled_lifetime"])  # (S, I)
-    returns = np.asarray(metrics["episode_return_mean"], dtype=float)
+    ran = run["iterations_run"]  # a seed that reached --target-return stopped there
+    env_steps = [np.asarray(row)[:n] for row, n in
+                 zip(metrics["num_env_steps_sampled_lifetime"], ran)]  # (S, ran)
+    returns = [np.asarray(row, dtype=float)[:n]
+               for row, n in zip(metrics["episode_return_mean"], ran)]
     episodes = np.asarray(metrics["num_episodes_lifetime"])
-    total_steps = int(env_steps[:, -1].sum())
+    total_steps = int(sum(int(row[-1]) for row in env_steps))
     summary = {"env": args.env, "seeds": len(run["seeds"]), "iterations": args.iterations,
-               "env_steps_per_seed": int(env_steps[0, -1]),
+               **({} if args.target_return is None else {
+                   "target_return": args.target_return,
+                   "seeds_reaching_it": sum(int(n < args.iterations or row[-1]
+                                                >= args.target_return)
+                                            for n, row in zip(ran, returns))}),
+               "env_steps (all seeds)": total_steps,
+               **({"env_steps_per_seed": int(env_steps[0][-1])} if len(set(ran)) == 1
+                  else {}),
                "wall_s (incl. compile)": run["time_s"],
                "env_steps_per_s (all seeds, incl. compile)": total_steps / run["time_s"]}
     curves = {"seeds": run["seeds"],
@@ -450,8 +465,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     per_seed = []
     for i, seed in enumerate(run["seeds"]):
         finite = returns[i][np.isfinite(returns[i])]  # NaN until an episode has finished
-        per_seed.append({"seed": seed,
-                         "episode_return_mean": _finite_or_none(returns[i, -1:])[0],
+        per_seed.append({"seed": seed, "iterations": ran[i],
+                         "env_steps": int(env_steps[i][-1]),
+                         "episode_return_mean": _finite_or_none(returns[i][-1:])[0],
                          "best_episode_return_mean": float(finite.max()) if finite.size
                          else None,
                          "episodes": int(episodes[i, -1])})
@@ -464,7 +480,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     out = Console()
     out.print(_metrics_table(summary, title="run summary"))
     table = Table(title="each seed at the end (episode_return_mean: last 100 episodes)")
-    for column in ("seed", "episode_return_mean", "best_episode_return_mean", "episodes"):
+    for column in per_seed[0]:
         table.add_column(column, justify="right")
     for row in per_seed:
         table.add_row(*("n/a" if row[c] is None else _fmt(row[c]) for c in row))

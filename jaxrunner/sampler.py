@@ -186,6 +186,20 @@ class SampleMetrics:
     custom_lifetime_hi: jax.Array | None = None  # (K,) float32: lifetime sums (hi + lo)
     custom_lifetime_lo: jax.Array | None = None  # (K,) float32
 
+    def nothing_sampled(self) -> "SampleMetrics":
+        """The metrics of a call after this one that sampled nothing: the same ring and
+        lifetime counters, the call's own counts zero (what a `sample(num_steps=0)` call
+        gives; a fused loop that has stopped fills its remaining iterations with it)."""
+        def zero(x):
+            return None if x is None else jnp.zeros_like(x)
+
+        return self.replace(
+            num_env_steps=zero(self.num_env_steps), num_episodes=zero(self.num_episodes),
+            num_env_step_failures=zero(self.num_env_step_failures),
+            num_env_steps_discarded=zero(self.num_env_steps_discarded),
+            agent_steps=zero(self.agent_steps), module_steps=zero(self.module_steps),
+            custom_sums=zero(self.custom_sums))
+
 
 def _typed_key(key: Any, what: str) -> jax.Array:
     """`key` as a typed PRNG key: a typed key as it is, the raw uint32 key data of

@@ -136,6 +136,30 @@ def test_cli__train_reports_what_fused_train_computes_and_plots_it(tmp_path, cap
         int(v) for v in np.asarray(direct["num_episodes_lifetime"])[:, -1]]
 
 
+def test_cli__train_to_a_target_return_stops_each_seed_there(capsys):
+    """`--target-return R`: each seed stops after the first iteration whose
+    episode_return_mean reaches R; its curve ends there and the table says how many
+    iterations it ran."""
+    code, out, err = _run(["train", "--seeds", "2", "--iterations", "12", "--num-envs", "4",
+                           "--fragment", "16", "--hiddens", "8", "--epochs", "1",
+                           "--minibatches", "2", "--target-return", "12", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["summary"]["target_return"] == 12.0
+    assert report["summary"]["seeds_reaching_it"] == 2
+    for row, steps, returns in zip(report["per_seed"], report["curves"]["env_steps"],
+                                   report["curves"]["episode_return_mean"]):
+        ran = row["iterations"]
+        assert 1 <= ran < 12  # CartPole's random-policy episodes last about 20 steps
+        assert steps == [64 * (i + 1) for i in range(ran)] and row["env_steps"] == 64 * ran
+        assert len(returns) == ran and returns[-1] >= 12.0
+        assert all(r is None or r < 12.0 for r in returns[:-1])
+    assert report["summary"]["env_steps (all seeds)"] == sum(
+        row["env_steps"] for row in report["per_seed"])
+    code, _, err = _run(["train", "--target-return", "nan"], capsys)
+    assert code == 2 and "--target-return: expected a finite number" in err
+
+
 # ---------------------------------------------------------------------- envs, help, bench
 def test_cli__envs_piped_prints_every_full_id(capsys):
     from jaxrunner.envs import gymnax_env_ids

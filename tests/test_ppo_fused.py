@@ -111,6 +111,60 @@ def test_fused_train__either_rng_lowering_gives_the_same_episodes():
                                   jax.random.key_data(default["state"].learner.key))
 
 
+def test_fused_train_to_a_target__each_seed_stops_where_its_mean_first_reaches_it():
+    """With `target_return`, each vmapped seed runs the iterations of the fixed-length loop
+    up to the first whose `episode_return_mean` reaches the target (the same episodes and,
+    to float32 rounding, the same statistics), then stops: its later rows are NaN
+    statistics and iterations that sampled nothing, and its final state is the one after
+    its last iteration. A target never reached runs every iteration."""
+    iterations = 8
+    config = make_config(num_envs=4, fragment=16, hiddens=(8,), seed=5)
+    sampler = jaxrunner.make_sampler(config)
+    learner = PPOLearner.from_sampler(sampler, PPOConfig(num_epochs=1, num_minibatches=2,
+                                                         learning_rate=1e-3, seed=5))
+    full = learner.fused_train(sampler, iterations, seeds=3)
+    means = np.asarray(full["metrics"]["episode_return_mean"])  # (3, iterations)
+    assert full["iterations_run"] == [iterations] * 3
+    # A target halfway between two of the means: no mean lies within rounding of it.
+    values = np.unique(means[np.isfinite(means)])
+    assert values.size >= 4, values
+    middle = values.size // 2
+    target = float((values[middle - 1] + values[middle]) / 2)
+    expected = [next((i + 1 for i in range(iterations) if means[s, i] >= target),
+                     iterations) for s in range(3)]
+    assert min(expected) < iterations  # some seed stops early
+
+    run = learner.fused_train(sampler, iterations, seeds=3, target_return=target)
+    assert run["iterations_run"] == expected
+    metrics, stats = run["metrics"], run["stats"]
+    for s, ran in enumerate(expected):
+        for key in ("num_env_steps_sampled_lifetime", "num_episodes_lifetime",
+                    "episode_return_mean", "num_env_steps_sampled"):
+            np.testing.assert_array_equal(metrics[key][s, :ran], full["metrics"][key][s, :ran])
+        for name, rows in stats.items():
+            np.testing.assert_allclose(rows[s, :ran], full["stats"][name][s, :ran],
+                                       rtol=1e-5, atol=1e-6)
+            assert np.isnan(rows[s, ran:]).all(), name
+        # The iterations it did not run sampled nothing; its ring and counters stay.
+        assert (metrics["num_env_steps_sampled"][s, ran:] == 0).all()
+        assert (metrics["num_episodes"][s, ran:] == 0).all()
+        for key in ("num_env_steps_sampled_lifetime", "num_episodes_lifetime",
+                    "episode_return_mean"):
+            assert (metrics[key][s, ran:] == metrics[key][s, ran - 1]).all(), key
+        lifetime = int(np.asarray(run["state"].sampler.counters.env_steps_lo)[s])
+        assert lifetime == ran * 16 * 4
+        if ran < iterations:
+            assert metrics["episode_return_mean"][s, ran - 1] >= target
+            assert (metrics["episode_return_mean"][s, :ran - 1] < target).all() or ran == 1
+    # The device's float32 mean, which decides, is the host's float64 mean to rounding.
+    ring = jax.tree.map(lambda x: x[0], run["state"].sampler.carry.metrics)
+    np.testing.assert_allclose(float(ring.return_mean()),
+                               metrics["episode_return_mean"][0, -1], rtol=1e-6)
+    never = learner.fused_train(sampler, iterations, seeds=3, target_return=1e9)
+    assert never["iterations_run"] == [iterations] * 3
+    np.testing.assert_array_equal(never["metrics"]["episode_return_mean"], means)
+
+
 def test_fused_train__refuses_a_learner_of_another_sampler_and_bad_seeds(compile_counter):
     """A learner built for another env or model config (or for a multi-agent sampler),
     seeds that are neither a count nor a list of ints and more minibatches than steps in an
@@ -146,7 +200,10 @@ def test_fused_train__refuses_a_learner_of_another_sampler_and_bad_seeds(compile
     with pytest.raises(ValueError, match=r"num_minibatches \(32\) is larger than the batch "
                                          r"of 16 steps"):
         too_many.fused_train(sampler, 1)
-    assert compile_counter.count == 0
+    for target in (float("nan"), float("inf"), "475", True):
+        with pytest.raises(ValueError, match="target_return must be a finite number"):
+            learner.fused_train(sampler, 1, target_return=target)
+    assert compile_counter.count == 0, compile_counter.messages
     run = learner.fused_train(sampler, 1, seeds=(1, np.int64(2)))
     assert run["seeds"] == [1, 2]
     assert run["metrics"]["num_env_steps_sampled_lifetime"].tolist() == [[16], [16]]

@@ -171,6 +171,27 @@ def test_sample__compiles_once_for_any_values(runner, compile_counter):
     assert compile_counter.count == 0, compile_counter.messages
 
 
+def test_nothing_sampled__is_what_a_call_of_zero_steps_reports(runner):
+    """`SampleMetrics.nothing_sampled()` (the rows of a fused loop's iterations after it
+    stopped) equals the metrics of a following `sample(num_steps=0)` call: the same ring
+    and lifetime counters, no steps or episodes of its own."""
+    sampler = runner.sampler
+    state = sampler.init(jax.random.key(4))
+    for _ in range(3):  # some episodes end (sub-envs of 16 steps a call)
+        state, _, metrics = sampler.sample_jit(state, sampler.params)
+    _, _, zero = sampler.sample_jit(state, sampler.params, num_steps=0)
+    assert int(metrics.num_env_steps) > 0
+    assert int(metrics.registers.window_size) > 0, "no episode ended: nothing compared"
+    jax.tree.map(np.testing.assert_array_equal, host_tree(metrics.nothing_sampled()),
+                 host_tree(zero))
+    reduced = sampler.reduce_metrics(metrics.nothing_sampled())
+    assert reduced["num_env_steps_sampled"] == 0 and reduced["num_episodes"] == 0
+    assert reduced["episode_return_mean"] == sampler.reduce_metrics(metrics)[
+        "episode_return_mean"]
+    np.testing.assert_allclose(float(metrics.registers.return_mean()),
+                               reduced["episode_return_mean"], rtol=1e-6)
+
+
 def test_scan_and_vmap__over_seeds_params_and_env_params(runner, runner_calls):
     start, per_call = runner_calls[0], runner_calls[-1]
     sampler = runner.sampler

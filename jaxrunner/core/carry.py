@@ -37,6 +37,16 @@ class MetricRegisters:
             episodes=jnp.zeros((), jnp.uint32),
         )
 
+    def return_mean(self) -> jax.Array:
+        """() float32: the mean return of the ring's filled slots, NaN while it is empty
+        (on the device; `get_metrics()`'s `episode_return_mean` is the same mean in float64
+        on the host)."""
+        filled = jnp.arange(self.window_return.shape[-1]) < self.window_size
+        total = jnp.sum(jnp.where(filled, self.window_return, 0.0))
+        return jnp.where(self.window_size > 0,
+                         total / jnp.maximum(self.window_size, 1).astype(jnp.float32),
+                         jnp.nan)
+
 
 @struct.dataclass
 class RolloutCarry:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import numbers
 import time
 from typing import Any, Callable, NamedTuple
@@ -376,7 +377,8 @@ class PPOLearner:
         """A learner for `sampler` (`jaxrunner.Sampler`): `from_runner` of its runner."""
         return cls.from_runner(sampler.runner, config)
 
-    def make_train(self, sampler: Any, num_iterations: int) -> Callable[..., tuple]:
+    def make_train(self, sampler: Any, num_iterations: int, *,
+                   target_return: float | None = None) -> Callable[..., tuple]:
         """The whole training loop as one pure function, `train(key) -> (state, stats,
         metrics)`: `lax.scan` over `num_iterations` iterations of `sampler.sample()` with
         the policy being trained, then `update_fn` on its trajectory. Jit it, and `vmap`
@@ -387,12 +389,23 @@ class PPOLearner:
         `SampleMetrics` per iteration (leading axis `num_iterations`, reduce them with
         `sampler.reduce_metrics`).
 
+        With `target_return`, the loop is a `lax.while_loop` that stops after the first
+        iteration whose `episode_return_mean` (the mean of the sampler's episode ring,
+        RLlib's smoothing window, in float32 on the device) is at least `target_return`,
+        or after `num_iterations` (RLlib's `stop={"env_runners/episode_return_mean": R}`;
+        at least one iteration runs). Vmapped over seeds, a seed that has stopped is frozen
+        while the others go on, and the loop ends when every seed has. `train` then
+        returns `(state, stats, metrics, iterations_run)`: the iterations a stopped seed
+        did not run have NaN statistics and `SampleMetrics.nothing_sampled()` rows (its
+        ring and lifetime counters as they were, no steps).
+
         `train.run(state)` is the same loop from a given `FusedTrainState` (e.g.
         `fused_state(runner)`, to continue a runner-driven `train(runner, ...)` in the
         fused loop); `train.init(key)` and `train.iteration(state, _)` are its parts."""
         if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or (
                 num_iterations < 1):
             raise ValueError(f"num_iterations must be an int >= 1, got {num_iterations!r}.")
+        target = _check_target_return(target_return)
         _check_minibatches(self.config, sampler.num_steps, sampler.num_envs)
         acting = sampler.module
         acting_params = jax.eval_shape(acting.params_for_inference, self._state.like.params)
@@ -419,9 +432,11 @@ class PPOLearner:
             return FusedTrainState(learner=learner, sampler=sampler_state), (stats, metrics)
 
         def run(state: FusedTrainState) -> tuple:
-            state, (stats, metrics) = jax.lax.scan(iteration, state, None,
-                                                   length=num_iterations)
-            return state, stats, metrics
+            if target is None:
+                state, (stats, metrics) = jax.lax.scan(iteration, state, None,
+                                                       length=num_iterations)
+                return state, stats, metrics
+            return _run_until_target(iteration, state, num_iterations, target)
 
         def train(key: jax.Array) -> tuple:
             return run(init(key))
@@ -438,8 +453,8 @@ class PPOLearner:
             runner.get_state(components="all")))
 
     def fused_train(self, sampler: Any, num_iterations: int, *,
-                    seeds: int | list[int] = 1, rng_lowering: str = "auto"
-                    ) -> dict[str, Any]:
+                    seeds: int | list[int] = 1, target_return: float | None = None,
+                    rng_lowering: str = "auto") -> dict[str, Any]:
         """Trains `seeds` independent policies (an int: seeds `config.seed ...`; or a
         list of seeds) at once, each with its own sub-envs, in one `jax.jit` of a `vmap`
         of `make_train` (no host round trip per iteration).
@@ -447,8 +462,15 @@ class PPOLearner:
         Returns a dict: `state` (the `FusedTrainState`, leading axis = seeds), `stats`
         (host arrays `(S, num_iterations)` per statistic), `metrics` (RLlib's keys per
         seed and iteration, host arrays `(S, num_iterations)`; `episode_return_mean` is
-        NaN until an episode has finished) and `time_s` (compilation included).
+        NaN until an episode has finished), `iterations_run` (a list: the iterations each
+        seed ran), `seeds` and `time_s` (compilation included).
         The learner's own `state` is left unchanged.
+
+        `target_return`: each seed stops after the first iteration whose
+        `episode_return_mean` reaches it (`make_train`), and the call returns when every
+        seed has stopped or run `num_iterations`; a stopped seed's later rows are NaN
+        statistics and iterations that sampled nothing (its metrics as they were, no new
+        steps or episodes).
 
         `rng_lowering`: the Threefry lowering of the program on CPU (the same random
         values either way; `jaxrunner.lowering`): "auto" unrolls the hash for several
@@ -459,17 +481,19 @@ class PPOLearner:
         seed_list = _seed_list(seeds, self.config.seed)
         unrolled = lowering.choose_unrolled(rng_lowering, lowering.unroll_for_training(
             sampler.num_envs, len(seed_list)))
-        train = self.make_train(sampler, num_iterations)
+        train = self.make_train(sampler, num_iterations, target_return=target_return)
         keys = jnp.stack([jax.random.key(s) for s in seed_list])
         start = time.perf_counter()
-        state, stats, metrics = jax.block_until_ready(
-            lowering.jit(jax.vmap(train), unrolled=unrolled)(keys))
+        out = jax.block_until_ready(lowering.jit(jax.vmap(train), unrolled=unrolled)(keys))
         elapsed = time.perf_counter() - start
+        state, stats, metrics = out[:3]
+        iterations_run = ([num_iterations] * len(seed_list) if target_return is None
+                          else [int(n) for n in jax.device_get(out[3])])
         return {"state": state, "stats": jax.device_get(stats),
                 "metrics": reduce_sample_metrics(metrics, agent_ids=sampler.agent_ids,
                                                  module_ids=sampler.module_ids,
                                                  custom_metrics=sampler.custom_metrics),
-                "time_s": elapsed, "seeds": seed_list}
+                "iterations_run": iterations_run, "time_s": elapsed, "seeds": seed_list}
 
     # ------------------------------------------------------------------ weights
     @property
@@ -602,6 +626,54 @@ class _ProgressLog:
             f"{'-' if ret is None else f'{ret:.2f}'}  loss {row['total_loss']:.4f}  "
             f"entropy {row['entropy']:.4f}  kl {row['approx_kl']:.5f}  "
             f"clip {row['clip_fraction']:.3f}")
+
+
+def _check_target_return(target_return: Any) -> float | None:
+    """`make_train`'s `target_return` as a float (None stays None); anything but a finite
+    real number raises."""
+    if target_return is None:
+        return None
+    if isinstance(target_return, bool) or not isinstance(target_return, numbers.Real) or (
+            not math.isfinite(target_return)):
+        raise ValueError(f"target_return must be a finite number (the episode_return_mean "
+                         f"to stop at) or None, got {target_return!r}.")
+    return float(target_return)
+
+
+def _run_until_target(iteration: Callable, state: FusedTrainState, num_iterations: int,
+                      target: float) -> tuple:
+    """`make_train`'s loop with a target: iterations until the sampler's ring mean reaches
+    `target` or `num_iterations` have run, each iteration's `(stats, metrics)` written into
+    buffers of `num_iterations` rows; rows not run are NaN statistics and
+    `nothing_sampled()` metrics. Returns `(state, stats, metrics, iterations_run)`."""
+    out_like = jax.eval_shape(iteration, state, None)[1]
+    buffers = jax.tree.map(lambda x: jnp.zeros((num_iterations, *x.shape), x.dtype),
+                           out_like)
+
+    def running(loop) -> jax.Array:
+        state, done, _ = loop
+        mean = state.sampler.carry.metrics.return_mean()  # NaN (go on) while empty
+        return (done < num_iterations) & ((done == 0) | ~(mean >= target))
+
+    def body(loop) -> tuple:
+        state, done, buffers = loop
+        state, out = iteration(state, None)
+        buffers = jax.tree.map(
+            lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, done, 0), buffers, out)
+        return state, done + 1, buffers
+
+    state, done, (stats, metrics) = jax.lax.while_loop(
+        running, body, (state, jnp.zeros((), jnp.int32), buffers))
+    ran = jnp.arange(num_iterations) < done  # done >= 1: the first iteration always runs
+
+    def keep_ran(rows: jax.Array, fill: jax.Array) -> jax.Array:
+        return jnp.where(ran.reshape((num_iterations,) + (1,) * (rows.ndim - 1)), rows, fill)
+
+    stats = jax.tree.map(lambda x: keep_ran(x, jnp.array(
+        jnp.nan if jnp.issubdtype(x.dtype, jnp.inexact) else 0, x.dtype)), stats)
+    idle = jax.tree.map(lambda x: x[done - 1], metrics).nothing_sampled()
+    metrics = jax.tree.map(keep_ran, metrics, idle)
+    return state, stats, metrics, done
 
 
 def _check_minibatches(config: PPOConfig, num_steps: int, num_envs: int) -> None:

@@ -353,15 +353,16 @@ class MultiAgentEnvRunner(CompiledEnvRunner):
         """Both pipelines of every agent keep the batch axis and produce what the spaces
         say (traced with `eval_shape`: nothing runs or compiles)."""
         num_envs, agents = self.num_envs, self._agent_ids
-        key = jax.random.key(0)
+        key = jax.eval_shape(lambda: jax.random.key(0))  # shapes only: nothing compiles
         if self._host is not None:
             obs = {a: _batch_struct(self.observation_spaces[a], num_envs) for a in agents}
         else:
             obs = jax.eval_shape(
                 lambda k: jax.vmap(self.env.reset, in_axes=(0, None))(
                     jax.random.split(k, num_envs), self.env_params)[0], key)
-        actions = {a: jax.eval_shape(jax.vmap(self._gymnax_action_spaces[a].sample),
-                                     jax.random.split(key, num_envs)) for a in agents}
+        actions = {a: jax.eval_shape(
+            lambda k, a=a: jax.vmap(self._gymnax_action_spaces[a].sample)(
+                jax.random.split(k, num_envs)), key) for a in agents}
         flag = jax.ShapeDtypeStruct((num_envs,), jnp.bool_)
         contexts = {a: ConnectorContext(
             is_first=flag, prev_action=actions[a],
