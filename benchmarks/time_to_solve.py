@@ -27,7 +27,9 @@ wall time).
 the fused side's build has already warmed, and the fused side's build is not timed) and
 also times an iteration of each; `--fused-fresh` runs each side in its own fresh process
 a round, timing what a script pays after its imports (build, trace, compile, then one run
-per block of seeds), and writes `time_to_solve_fused_fresh.json`.
+per block of seeds), and writes `time_to_solve_fused_fresh.json` (with `--fused-loop
+make_train`, the fused side is the library's own loop to a target,
+`PPOLearner.make_train(..., target_return=...)`: `time_to_solve_fused_fresh_make_train.json`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class Hyper:
     def batch_size(self) -> int:
         return self.num_envs * self.num_steps
 
+
+FUSED_LOOPS = ("hand", "make_train")
 
 HYPER = {
     "CartPole-v1": Hyper(target=475.0, num_envs=16, num_steps=64, learning_rate=1e-3,
@@ -634,15 +638,22 @@ def make_fused_pieces(env_id: str, seed: int, hp: Hyper) -> tuple[Any, Any]:
     return sampler, learner
 
 
-def make_fused_train(env_id: str, hp: Hyper, *, max_updates: int, seed: int = 0) -> Callable:
+def make_fused_train(env_id: str, hp: Hyper, *, max_updates: int, seed: int = 0,
+                     loop: str = "hand") -> Callable:
     """jaxrunner's fused PPO as a solve-until-target loop like the bare one: `train(key)`
     runs `PPOLearner.make_train`'s iteration (sampler.sample + update_fn) in a
     `lax.while_loop` until the mean return of the sampler's last 100 episodes (its metric
     ring) reaches `hp.target` or `max_updates`; returns `(updates, ring_mean)`. The
-    pieces for per-iteration timing: `train.init(key)`, `train.iteration(state, None)`."""
+    pieces for per-iteration timing: `train.init(key)`, `train.iteration(state, None)`.
+
+    `loop="hand"` writes that loop here, returning only what the bare PPO returns;
+    `loop="make_train"` is the library's own, `make_train(..., target_return=hp.target)`,
+    which also keeps every iteration's statistics and metrics (what a user gets)."""
     import jax
     import jax.numpy as jnp
 
+    if loop not in FUSED_LOOPS:
+        raise ValueError(f"loop must be one of {FUSED_LOOPS}, got {loop!r}")
     sampler, learner = make_fused_pieces(env_id, seed, hp)
     pieces = learner.make_train(sampler, 1)
 
@@ -653,7 +664,14 @@ def make_fused_train(env_id: str, hp: Hyper, *, max_updates: int, seed: int = 0)
                          jnp.sum(jnp.where(filled, ring.window_return, 0.0))
                          / jnp.maximum(ring.window_size, 1), -jnp.inf)
 
+    library = (learner.make_train(sampler, max_updates, target_return=hp.target)
+               if loop == "make_train" else None)
+
     def train(key):
+        if library is not None:
+            state, _, _, updates = library(key)
+            return updates, ring_mean(state)
+
         def body(loop):
             state, updates = loop
             state, _ = pieces.iteration(state, None)
@@ -688,7 +706,8 @@ def seed_keys(num_seeds: int, first_seed: int = 0) -> Any:
 
 
 def solve_program(side: str, env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
-                  fused_lowering: str = "auto") -> tuple[Callable, Callable, bool]:
+                  fused_lowering: str = "auto", fused_loop: str = "hand"
+                  ) -> tuple[Callable, Callable, bool]:
     """`(train, fn, unrolled_rng)` of one side ("bare" or "fused"): its train
     (`make_bare_train` / `make_fused_train`), its solve-until-target program over
     `num_seeds` seeds (vmapped for more than one; the argument is `seed_keys`), and
@@ -704,7 +723,7 @@ def solve_program(side: str, env_id: str, num_seeds: int, hp: Hyper, *, max_upda
         train = make_bare_train(env_id, hp, max_updates=max_updates)
         fn, unrolled = (lambda k: train(k, 0)), False
     elif side == "fused":
-        train = fn = make_fused_train(env_id, hp, max_updates=max_updates)
+        train = fn = make_fused_train(env_id, hp, max_updates=max_updates, loop=fused_loop)
         unrolled = lowering.choose_unrolled(
             fused_lowering, lowering.unroll_for_training(hp.num_envs, num_seeds))
     else:
@@ -814,7 +833,8 @@ def run_fused_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
 
 
 def fresh_solve(side: str, env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
-                seed_blocks: int, fused_lowering: str = "auto") -> dict:
+                seed_blocks: int, fused_lowering: str = "auto", fused_loop: str = "hand"
+                ) -> dict:
     """One side's time to solve as a fresh process pays it: the clock starts after the
     imports, then the side's solve program is built (`solve_program`: the fused side
     builds its sampler and learner here), traced, compiled once and run on `seed_blocks`
@@ -827,7 +847,7 @@ def fresh_solve(side: str, env_id: str, num_seeds: int, hp: Hyper, *, max_update
 
     start = time.perf_counter()
     _, fn, unrolled = solve_program(side, env_id, num_seeds, hp, max_updates=max_updates,
-                                    fused_lowering=fused_lowering)
+                                    fused_lowering=fused_lowering, fused_loop=fused_loop)
     built = time.perf_counter()
     compiled = lowering.jit(fn, unrolled=unrolled).lower(seed_keys(num_seeds)).compile()
     compiled_at = time.perf_counter()
@@ -847,11 +867,13 @@ def fresh_solve(side: str, env_id: str, num_seeds: int, hp: Hyper, *, max_update
 
 
 def _spawn_fresh_solve(side: str, env_id: str, num_seeds: int, *, max_updates: int,
-                       seed_blocks: int, fused_lowering: str) -> dict:
+                       seed_blocks: int, fused_lowering: str, fused_loop: str = "hand"
+                       ) -> dict:
     """`fresh_solve` in a new Python process; its result."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_fresh_child", side, "--env", env_id,
            "--num-seeds", str(num_seeds), "--max-updates", str(max_updates),
-           "--seed-blocks", str(seed_blocks), "--fused-lowering", fused_lowering]
+           "--seed-blocks", str(seed_blocks), "--fused-lowering", fused_lowering,
+           "--fused-loop", fused_loop]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
                           env=dict(os.environ, PYTHONWARNINGS="ignore"))
     for line in proc.stdout.splitlines():
@@ -902,7 +924,8 @@ def summarize_fresh(rounds: list[dict[str, dict]]) -> dict:
 
 
 def run_fresh_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates: int,
-                         rounds: int, seed_blocks: int, fused_lowering: str = "auto") -> dict:
+                         rounds: int, seed_blocks: int, fused_lowering: str = "auto",
+                         fused_loop: str = "hand") -> dict:
     """`rounds` rounds of `fresh_solve` for each side, each in its own fresh process, the
     order alternating round by round; the rounds and `summarize_fresh` of them."""
     runs = []
@@ -911,7 +934,8 @@ def run_fresh_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
         runs.append({side: _spawn_fresh_solve(side, env_id, num_seeds,
                                               max_updates=max_updates,
                                               seed_blocks=seed_blocks,
-                                              fused_lowering=fused_lowering)
+                                              fused_lowering=fused_lowering,
+                                              fused_loop=fused_loop)
                      for side in sides})
         print(f"{env_id} seeds={num_seeds} round {index}: " + ", ".join(
             f"{side} startup {r['startup_s']:.2f}s mean run "
@@ -920,7 +944,7 @@ def run_fresh_comparison(env_id: str, num_seeds: int, hp: Hyper, *, max_updates:
     deterministic = all(r[side]["updates"] == runs[0][side]["updates"]
                         for r in runs for side in ("bare", "fused"))
     return {"env": env_id, "num_seeds": num_seeds, "seed_blocks": seed_blocks,
-            "max_updates": max_updates, "rounds": runs,
+            "max_updates": max_updates, "fused_loop": fused_loop, "rounds": runs,
             "same_updates_every_round": deterministic,
             "ratio_fused_over_bare": summarize_fresh(runs)}
 
@@ -1018,14 +1042,17 @@ def main_fused_fresh(args: argparse.Namespace) -> None:
                 "(the same modules on both sides) and covers building the program, tracing, "
                 "compiling it once and running it on seed_blocks blocks of num_seeds seeds",
         "load_avg_1min_start": round(os.getloadavg()[0], 2), "runs": []}
-    json_path = os.path.join(args.output_dir, "time_to_solve_fused_fresh.json")
+    name = ("time_to_solve_fused_fresh.json" if args.fused_loop == "hand"
+            else f"time_to_solve_fused_fresh_{args.fused_loop}.json")
+    json_path = os.path.join(args.output_dir, name)
     for env_id in args.envs:
         hp = HYPER[env_id]
         max_updates = min(args.max_updates, math.ceil(hp.max_env_steps / hp.batch_size))
         for num_seeds in args.fused_seeds:
             run = run_fresh_comparison(env_id, num_seeds, hp, max_updates=max_updates,
                                        rounds=args.rounds, seed_blocks=args.seed_blocks,
-                                       fused_lowering=args.fused_lowering)
+                                       fused_lowering=args.fused_lowering,
+                                       fused_loop=args.fused_loop)
             results["runs"].append(run)
             print(json.dumps({"env": env_id, "num_seeds": num_seeds,
                               **run["ratio_fused_over_bare"]}), flush=True)
@@ -1048,7 +1075,7 @@ def _fresh_child(args: argparse.Namespace) -> None:
 
     out = fresh_solve(args.fresh_child, args.env, args.num_seeds, HYPER[args.env],
                       max_updates=args.max_updates, seed_blocks=args.seed_blocks,
-                      fused_lowering=args.fused_lowering)
+                      fused_lowering=args.fused_lowering, fused_loop=args.fused_loop)
     print("RESULT " + json.dumps(out))
 
 
@@ -1184,6 +1211,12 @@ def main() -> None:
                              "PPOLearner.fused_train picks it (jaxrunner.lowering."
                              "unroll_for_training), 'unrolled', or 'jax' (JAX's own, as "
                              "the bare side)")
+    parser.add_argument("--fused-loop", choices=FUSED_LOOPS, default="hand",
+                        help="with --fused-fresh: the fused side's solve loop, 'hand' (a "
+                             "while loop written here, returning what the bare PPO returns) "
+                             "or 'make_train' (PPOLearner.make_train(..., target_return=...), "
+                             "which also keeps every iteration's metrics; writes "
+                             "time_to_solve_fused_fresh_make_train.json)")
     parser.add_argument("--max-updates", type=int, default=10_000)
     parser.add_argument("--timing-iterations", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
