@@ -657,12 +657,8 @@ def make_fused_train(env_id: str, hp: Hyper, *, max_updates: int, seed: int = 0,
     sampler, learner = make_fused_pieces(env_id, seed, hp)
     pieces = learner.make_train(sampler, 1)
 
-    def ring_mean(state):
-        ring = state.sampler.carry.metrics
-        filled = jnp.arange(ring.window_return.shape[0]) < ring.window_size
-        return jnp.where(ring.window_size > 0,
-                         jnp.sum(jnp.where(filled, ring.window_return, 0.0))
-                         / jnp.maximum(ring.window_size, 1), -jnp.inf)
+    def ring_mean(state):  # NaN until an episode has finished
+        return state.sampler.carry.metrics.return_mean()
 
     library = (learner.make_train(sampler, max_updates, target_return=hp.target)
                if loop == "make_train" else None)
@@ -678,7 +674,7 @@ def make_fused_train(env_id: str, hp: Hyper, *, max_updates: int, seed: int = 0,
             return state, updates + 1
 
         state, updates = jax.lax.while_loop(
-            lambda loop: (ring_mean(loop[0]) < hp.target) & (loop[1] < max_updates), body,
+            lambda loop: ~(ring_mean(loop[0]) >= hp.target) & (loop[1] < max_updates), body,
             (pieces.init(key), jnp.zeros((), jnp.int32)))
         return updates, ring_mean(state)
 

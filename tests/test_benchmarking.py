@@ -415,6 +415,29 @@ def test_time_to_solve_fresh__ratios_of_startup_and_mean_run_per_round():
     assert out["median_startup_s"] == {"bare": 4.0, "fused": 6.0}
 
 
+def test_time_to_solve_fused_loops__the_library_loop_stops_where_the_hand_written_one_does():
+    """`make_fused_train(loop="make_train")` (PPOLearner.make_train's loop to a target,
+    which `--fused-loop make_train` measures) and the benchmark's hand-written loop need
+    the same updates per seed and end at the same ring mean, a seed stopping early."""
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from benchmarks import time_to_solve as tts
+
+    hp = dataclasses.replace(tts.HYPER["CartPole-v1"], target=25.0, hiddens=(8,),
+                             num_steps=32)
+    out = {loop: jax.device_get(jax.jit(jax.vmap(tts.make_fused_train(
+        "CartPole-v1", hp, max_updates=8, loop=loop)))(tts.seed_keys(2)))
+        for loop in tts.FUSED_LOOPS}
+    (hand_updates, hand_mean), (library_updates, library_mean) = out["hand"], out["make_train"]
+    np.testing.assert_array_equal(library_updates, hand_updates)
+    np.testing.assert_array_equal(library_mean, hand_mean)
+    assert hand_updates.min() < 8  # a seed reached the target and stopped
+    assert (hand_mean[hand_updates < 8] >= hp.target).all()
+
+
 def test_time_to_solve_fresh__each_side_in_its_own_process_runs_every_block(tmp_path):
     """`time_to_solve.py --fused-fresh` with one round of two blocks of one seed, one
     update each: both sides ran in fresh processes, each block is recorded, the fused

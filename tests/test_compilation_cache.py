@@ -71,7 +71,8 @@ def test_a_file_is_not_a_cache_directory(tmp_path):
 
 def test_second_train_process_loads_the_fused_program(tmp_path):
     """`jaxrunner train --compile-cache`: the second run of the same sizes loads the fused
-    training program from disk and trains the same seeds to the same curves."""
+    training program from disk and trains the same seeds to the same curves; other seeds
+    of the same count are values of that program, loaded too."""
     first_hits, first = _run(tmp_path / "xla", _TRAIN)
     assert first_hits == 0
     assert os.listdir(tmp_path / "xla"), "nothing was written to the cache"
@@ -79,6 +80,9 @@ def test_second_train_process_loads_the_fused_program(tmp_path):
     assert second_hits >= 1
     assert second["curves"] == first["curves"] and second["per_seed"] == first["per_seed"]
     assert first["curves"]["env_steps"] == [[32, 64, 96], [32, 64, 96]]
+    other_hits, other = _run(tmp_path / "xla", [*_TRAIN, "--seed", "5"])
+    assert other_hits == second_hits and other["curves"]["seeds"] == [5, 6]
+    assert other["curves"]["episode_return_mean"] != first["curves"]["episode_return_mean"]
 
 
 @pytest.mark.parametrize("argv", [_SAMPLE, _TRAIN], ids=["sample", "train"])

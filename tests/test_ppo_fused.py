@@ -165,6 +165,27 @@ def test_fused_train_to_a_target__each_seed_stops_where_its_mean_first_reaches_i
     np.testing.assert_array_equal(never["metrics"]["episode_return_mean"], means)
 
 
+def test_fused_train_to_a_target__traces_the_iteration_once(monkeypatch):
+    """The loop to a target takes its buffers' shapes from the same trace as its body
+    (`core.chunk.TracedOnce`): the update is traced once, as in the fixed-length loop."""
+    config = make_config(num_envs=2, fragment=8, hiddens=(8,), seed=1)
+    sampler = jaxrunner.make_sampler(config)
+    learner = PPOLearner.from_sampler(sampler, PPOConfig(num_epochs=1, num_minibatches=2))
+    traces = []
+    update_fn = learner.update_fn
+
+    def counted(*args, **kwargs):
+        traces.append(1)
+        return update_fn(*args, **kwargs)
+
+    monkeypatch.setattr(learner, "update_fn", counted)
+    for target in (None, 100.0):
+        traces.clear()
+        train = learner.make_train(sampler, 4, target_return=target)
+        jax.jit(jax.vmap(train)).trace(jax.random.split(jax.random.key(0), 2))
+        assert len(traces) == 1, target
+
+
 def test_fused_train__refuses_a_learner_of_another_sampler_and_bad_seeds(compile_counter):
     """A learner built for another env or model config (or for a multi-agent sampler),
     seeds that are neither a count nor a list of ints and more minibatches than steps in an

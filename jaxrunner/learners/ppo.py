@@ -645,8 +645,10 @@ def _run_until_target(iteration: Callable, state: FusedTrainState, num_iteration
     """`make_train`'s loop with a target: iterations until the sampler's ring mean reaches
     `target` or `num_iterations` have run, each iteration's `(stats, metrics)` written into
     buffers of `num_iterations` rows; rows not run are NaN statistics and
-    `nothing_sampled()` metrics. Returns `(state, stats, metrics, iterations_run)`."""
-    out_like = jax.eval_shape(iteration, state, None)[1]
+    `nothing_sampled()` metrics. Returns `(state, stats, metrics, iterations_run)`.
+    The iteration is traced once: the buffers' shapes and the loop body share that trace."""
+    step = core_chunk.TracedOnce(lambda _, state: iteration(state, None))
+    out_like = step.shapes(None, state)[1]
     buffers = jax.tree.map(lambda x: jnp.zeros((num_iterations, *x.shape), x.dtype),
                            out_like)
 
@@ -657,7 +659,7 @@ def _run_until_target(iteration: Callable, state: FusedTrainState, num_iteration
 
     def body(loop) -> tuple:
         state, done, buffers = loop
-        state, out = iteration(state, None)
+        state, out = step(None, state)
         buffers = jax.tree.map(
             lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x, done, 0), buffers, out)
         return state, done + 1, buffers
